@@ -1,0 +1,52 @@
+"""Options shared by many commands (defined once, reused as Annotated aliases) and output helpers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Iterable, Iterator, Optional, TypeVar
+
+import typer
+
+T = TypeVar("T")
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu (auto: cuda when a GPU is visible).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
+OutputOpt = Annotated[
+    Optional[Path],
+    typer.Option("--output", "-o", help="Also write the results to FILE (format from --format, else the extension)."),
+]
+
+
+def check_render_options(fmt: str, output: Optional[Path]) -> None:
+    """Validate --format/--output before any work starts."""
+    from lmsys.core.results import check_format, check_output_path
+
+    check_format(fmt)
+    check_output_path(output)
+
+
+def emit(reports, fmt: str, output: Optional[Path]) -> None:
+    """Render one Report or a list of them; with --output, say where the file went."""
+    from lmsys.core.results import render
+
+    render(reports, fmt, output)
+    if output is not None:
+        typer.echo(f"wrote {output}", err=True)
+
+
+def track(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
+    """A progress bar on stderr while a sweep runs (silent when stderr is not a terminal)."""
+    if not sys.stderr.isatty():
+        yield from items
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        for item in items:
+            yield item
+            progress.advance(task)

@@ -1,0 +1,148 @@
+"""Device selection, the facts that make a benchmark reproducible, peak rates for MFU, and memory."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from lmsys.core.errors import LmsysError
+
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+
+# Dense peak TFLOP/s by GPU name (vendor datasheets, SXM parts, no sparsity). 'tf32' is the rate of
+# fp32 matmuls when TF32 tensor cores are allowed. Unknown GPU -> no MFU.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+}
+
+
+def resolve_device(name: str = "auto"):
+    """'auto' -> cuda if available, else cpu. Asking for cuda without one is a user error."""
+    import torch
+
+    if name not in DEVICE_CHOICES and not name.startswith("cuda:"):
+        raise LmsysError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise LmsysError("--device cuda: no CUDA GPU is visible to PyTorch", hint="use --device cpu")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise LmsysError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+        return dev
+    return torch.device("cpu")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in table:
+        raise LmsysError(f"--dtype must be one of {', '.join(table)}, not {name!r}")
+    return table[name]
+
+
+def check_dtype_for_device(dtype: str, device) -> None:
+    """fp16 autocast is a CUDA feature here; bf16 needs an Ampere or newer GPU."""
+    import torch
+
+    torch_dtype(dtype)
+    if device.type == "cpu" and dtype == "fp16":
+        raise LmsysError("--dtype fp16 needs a CUDA GPU (fp16 autocast and grad scaling); use bf16 or fp32 on the CPU")
+    if device.type == "cuda" and dtype == "bf16" and not torch.cuda.is_bf16_supported():
+        raise LmsysError(f"--dtype bf16 is not supported by {torch.cuda.get_device_name(device)}; use fp16")
+
+
+def device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(device) -> dict[str, Any]:
+    """The facts printed at the top of every benchmark."""
+    import torch
+
+    info: dict[str, Any] = {"device": f"{device.type}: {device_name(device)}"}
+    if device.type == "cuda":
+        info["device"] += f" ({torch.cuda.device_count()} visible, CUDA {torch.version.cuda})"
+    info["torch"] = torch.__version__
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = "not installed"
+    info["python"] = platform.python_version()
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        info["tf32"] = "on (fp32 matmuls use TF32 tensor cores)"
+    return info
+
+
+def peak_tflops(device, dtype: str) -> float | None:
+    """Peak dense TFLOP/s for MFU, or None when the GPU is not in the table (or on the CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, rates in PEAK_TFLOPS.items():
+        if key in name:
+            if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+                return rates["tf32"]
+            return rates.get(dtype)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def reset_peak_memory(device) -> None:
+    import torch
+
+    if device.type == "cuda":  # the allocator's counters live on the host: no synchronisation needed
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device) -> int | None:
+    """Peak bytes allocated by PyTorch since the last reset (None on the CPU: not tracked there)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return None
+
+
+def current_memory(device) -> int | None:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return None
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def free_memory(device) -> None:
+    """After an OOM: drop cached blocks so the next configuration starts clean."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)

@@ -1,0 +1,45 @@
+"""The one FLOP counter: model training FLOPs for MFU, and attention FLOPs for kernel benchmarks.
+
+Conventions (say them wherever a rate is printed):
+- Model: 6·N·tokens for forward+backward (2·N forward), N = parameters that take part in a matmul
+  (all but the token-embedding table, which is a lookup), plus attention's score and value matmuls,
+  4·S·d_model per token per layer forward, counted in full even when causal (the PaLM convention:
+  12·L·H·Q·T per token for forward+backward).
+- Attention kernels: 4·b·h·n_q·n_k·d forward (two matmuls), backward 2.5× forward (five matmuls of
+  which one recomputes P), both halved when causal (only the lower triangle is computed).
+"""
+
+from __future__ import annotations
+
+
+def model_flops_per_token(*, d_model: int, d_ff: int, num_layers: int, vocab_size: int,
+                          seq_len: int, backward: bool) -> float:
+    matmul_params = num_layers * (4 * d_model * d_model + 3 * d_model * d_ff) + d_model * vocab_size
+    attn = 4 * seq_len * d_model * num_layers  # QKᵀ and PV, forward, per token
+    forward = 2 * matmul_params + attn
+    return 3 * forward if backward else forward
+
+
+def model_flops(config, *, batch_size: int, seq_len: int, backward: bool) -> float:
+    """FLOPs of one step of `config` over batch_size × seq_len tokens (forward only or fwd+bwd)."""
+    per_token = model_flops_per_token(
+        d_model=config.d_model, d_ff=config.d_ff, num_layers=config.num_layers,
+        vocab_size=config.vocab_size, seq_len=seq_len, backward=backward,
+    )
+    return per_token * batch_size * seq_len
+
+
+def attention_flops(*, batch: int, heads: int, n_queries: int, n_keys: int, d_head: int,
+                    causal: bool, direction: str) -> float:
+    """direction: 'fwd', 'bwd' or 'fwd+bwd'."""
+    fwd = 4.0 * batch * heads * n_queries * n_keys * d_head
+    if causal:
+        fwd /= 2
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[direction]
+
+
+def mfu(flops: float, ms: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's peak, or None without a peak."""
+    if peak_tflops is None or not ms or ms != ms:
+        return None
+    return flops / (ms * 1e-3) / (peak_tflops * 1e12)

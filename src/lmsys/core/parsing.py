@@ -1,0 +1,63 @@
+"""Parsing of the list- and size-valued options that many commands share."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, TypeVar
+
+from lmsys.core.errors import LmsysError
+
+T = TypeVar("T")
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30,
+}
+
+
+def parse_list(text: str | list[str] | None, convert: Callable[[str], T], *, what: str) -> list[T]:
+    """'1,2, 4' or ['1,2', '4'] -> [1, 2, 4]; every item goes through `convert`."""
+    if text is None:
+        return []
+    parts = [text] if isinstance(text, str) else list(text)
+    items = [p.strip() for part in parts for p in str(part).split(",") if p.strip()]
+    if not items:
+        raise LmsysError(f"{what}: expected a comma-separated list, got {text!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(convert(item))
+        except (ValueError, LmsysError) as exc:
+            raise LmsysError(f"{what}: cannot parse {item!r} ({exc})") from None
+    return out
+
+
+def parse_int_list(text, *, what: str, minimum: int = 1) -> list[int]:
+    values = parse_list(text, int, what=what)
+    for v in values:
+        if v < minimum:
+            raise LmsysError(f"{what}: {v} is below the minimum {minimum}")
+    return values
+
+
+def parse_bytes(text: str) -> int:
+    """'1MB' -> 1_000_000, '1MiB' -> 1_048_576, '4096' -> 4096 (case-insensitive)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise LmsysError(f"cannot parse size {text!r}: use e.g. 4096, 1MB, 10MiB, 1GB")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise LmsysError(f"size {text!r} must be positive")
+    return n
+
+
+def format_bytes(n: float | None) -> str:
+    """Binary units, as memory is reported by CUDA: 1536 -> '1.5 KiB'."""
+    if n is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,217 @@
+"""The one renderer: a `Report` (meta lines + rows + notes) -> Rich table, Markdown, CSV or JSON.
+
+Library functions build rows (plain dicts whose keys are column headings, in order) and never print.
+Commands hand a `Report` to `render`, which writes to the terminal and, with `--output FILE`, to a file
+(written whole via a temporary file, so an interrupted run never leaves half a table behind).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmsys.core.errors import LmsysError
+
+FORMATS = ("table", "md", "csv", "json")
+
+
+@dataclass(frozen=True)
+class MeanStd:
+    """A timing cell: shown as 'mean ± std', expanded into two columns in CSV and JSON."""
+
+    mean: float
+    std: float
+
+    def __str__(self) -> str:
+        mean = _fmt(self.mean)
+        decimals = len(mean.split(".")[1]) if "." in mean and "e" not in mean else 0
+        return f"{mean} ± {self.std:.{decimals}f}"
+
+
+@dataclass
+class Report:
+    title: str
+    rows: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)  # what makes the run reproducible
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        cols: dict[str, None] = {}
+        for row in self.rows:
+            cols.update(dict.fromkeys(row))
+        return list(cols)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, MeanStd):
+        return str(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if math.isinf(value):
+            return "inf"
+        a = abs(value)
+        if a == 0:
+            return "0"
+        if a >= 1000:
+            return f"{value:,.0f}"
+        if a >= 100:
+            return f"{value:.1f}"
+        if a >= 1:
+            return f"{value:.2f}"
+        if a >= 1e-3:
+            return f"{value:.4f}"
+        return f"{value:.2e}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def to_markdown(report: Report) -> str:
+    out = io.StringIO()
+    out.write(f"### {report.title}\n\n")
+    for key, value in report.meta.items():
+        out.write(f"- **{key}**: {_fmt(value)}\n")
+    if report.meta:
+        out.write("\n")
+    cols = report.columns
+    if cols:
+        out.write("| " + " | ".join(cols) + " |\n")
+        out.write("|" + "|".join("---" for _ in cols) + "|\n")
+        for row in report.rows:
+            out.write("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |\n")
+    for note in report.notes:
+        out.write(f"\n{note}\n")
+    return out.getvalue()
+
+
+def to_csv(report: Report) -> str:
+    out = io.StringIO()
+    for key, value in report.meta.items():
+        out.write(f"# {key}: {_fmt(value)}\n")
+    header: list[str] = []
+    for c in report.columns:
+        is_pair = any(isinstance(r.get(c), MeanStd) for r in report.rows)
+        header += [c, f"{c} std"] if is_pair else [c]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for row in report.rows:
+        cells = []
+        for c in report.columns:
+            v = row.get(c)
+            is_pair = any(isinstance(r.get(c), MeanStd) for r in report.rows)
+            if is_pair:
+                cells += [v.mean, v.std] if isinstance(v, MeanStd) else [_plain(v), None]
+            else:
+                cells.append(_plain(v))
+        writer.writerow(["" if c is None else c for c in cells])
+    return out.getvalue()
+
+
+def _json_doc(report: Report) -> dict:
+    def conv(v: Any) -> Any:
+        if isinstance(v, MeanStd):
+            return {"mean": _plain(v.mean), "std": _plain(v.std)}
+        return _plain(v)
+
+    return {
+        "title": report.title,
+        "meta": {k: conv(v) for k, v in report.meta.items()},
+        "rows": [{k: conv(v) for k, v in row.items()} for row in report.rows],
+        "notes": report.notes,
+    }
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(_json_doc(report), indent=2, default=str) + "\n"
+
+
+def print_rich(report: Report, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file or sys.stdout
+    # On a terminal, Rich fits its width; into a pipe or file, keep rows on one line for pasting.
+    console = Console(file=out, width=None if out.isatty() else 250)
+    for key, value in report.meta.items():
+        console.print(f"[dim]{key}:[/dim] {_fmt(value)}", highlight=False, soft_wrap=True)
+    table = Table(title=report.title, title_justify="left", header_style="bold")
+    cols = report.columns
+    for c in cols:
+        numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) for r in report.rows)
+        table.add_column(c, justify="right" if numeric else "left", no_wrap=numeric)
+    for row in report.rows:
+        table.add_row(*(_fmt(row.get(c)) for c in cols))
+    console.print(table)
+    for note in report.notes:
+        console.print(note, highlight=False, soft_wrap=True)
+
+
+_RENDERERS = {"md": to_markdown, "csv": to_csv, "json": to_json}
+
+
+def format_for_path(path: str | os.PathLike) -> str:
+    suffix = Path(path).suffix.lower().lstrip(".")
+    return {"csv": "csv", "json": "json"}.get(suffix, "md")
+
+
+def check_output_path(path: str | os.PathLike | None) -> None:
+    """Fail before the work starts, not after, when the output file cannot be written."""
+    if path is None:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise LmsysError(f"--output: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise LmsysError(f"--output: directory {parent} is not writable")
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise LmsysError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    return fmt
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path).expanduser()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _text(reports: list[Report], fmt: str) -> str:
+    if fmt == "json" and len(reports) > 1:
+        return json.dumps([_json_doc(r) for r in reports], indent=2, default=str) + "\n"
+    return "\n".join(_RENDERERS[fmt](r) for r in reports)
+
+
+def render(reports: Report | list[Report], fmt: str = "table", output: str | os.PathLike | None = None) -> None:
+    """Print the report(s) in `fmt` to stdout; with `output`, also write them there (format from `fmt`,
+    or from the file's extension when `fmt` is 'table')."""
+    check_format(fmt)
+    reports = [reports] if isinstance(reports, Report) else list(reports)
+    if fmt == "table":
+        for report in reports:
+            print_rich(report)
+    else:
+        sys.stdout.write(_text(reports, fmt))
+    if output is not None:
+        write_atomic(output, _text(reports, fmt if fmt != "table" else format_for_path(output)))

@@ -1,0 +1,93 @@
+"""Model configuration and the named size presets (the CS336 table, plus `tiny` for CPUs)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from lmsys.core.errors import LmsysError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = 10_000
+    context_length: int = 512
+    rope_theta: float = 10_000.0
+    attn_impl: str = "naive"
+
+    def __post_init__(self):
+        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            if getattr(self, name) < 1:
+                raise LmsysError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.d_model % self.num_heads:
+            raise LmsysError(
+                f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.d_head % 2:
+            raise LmsysError(f"head size d_model/num_heads = {self.d_head} must be even for RoPE")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    def with_overrides(self, **overrides) -> "ModelConfig":
+        """Return a copy with every non-None override applied (and validated)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(d_model=128, d_ff=512, num_layers=2, num_heads=4),
+    "small": ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "medium": ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
+    "large": ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
+    "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+    "2.7b": ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    "10b": ModelConfig(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
+}
+
+
+def get_config(name: str) -> ModelConfig:
+    """A preset by name, or a YAML file (keys are ModelConfig fields; `preset:` as a base)."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if name.endswith((".yaml", ".yml")):
+        return config_from_yaml(name)
+    raise LmsysError(f"unknown model size {name!r}; presets: {', '.join(PRESETS)} (or a .yaml file)")
+
+
+def config_from_yaml(path: str | Path) -> ModelConfig:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise LmsysError(f"model config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise LmsysError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise LmsysError(f"{path}: expected a mapping of ModelConfig fields")
+    base = data.pop("preset", None)
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise LmsysError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    if base is not None:
+        return get_config(str(base)).with_overrides(**data)
+    missing = {"d_model", "d_ff", "num_layers", "num_heads"} - set(data)
+    if missing:
+        raise LmsysError(f"{path}: missing keys {sorted(missing)} (or give `preset:` as a base)")
+    return ModelConfig(**data)
+
+
+def parameter_count_formula(cfg: ModelConfig) -> int:
+    """Closed form: embedding + layers (QKV+out 4D², SwiGLU 3·D·F, two norms) + final norm + LM head."""
+    D, F, V, L = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
+    return V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V
