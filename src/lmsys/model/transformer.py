@@ -135,10 +135,12 @@ class Embedding(nn.Module):
 
 
 def rope_tables(max_len: int, d_head: int, theta: float, *, device=None):
-    """cos/sin of position·θ^(-2i/d) for i < d/2: two [max_len, d_head/2] float32 tables."""
-    inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
-    angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    """cos/sin of position·θ^(-2i/d) for i < d/2: two [max_len, d_head/2] float32 tables.
+
+    Angles are computed in float64 so that long contexts keep exact relative positions."""
+    inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float64) / d_head)
+    angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,102 @@
+import json
+
+import pytest
+import torch
+
+from lmsys.bench import e2e
+
+FAST = ("--context-length", "32", "--steps", "2", "--warmup", "1", "--device", "cpu")
+
+
+def test_e2e_json_rows_for_every_mode(lmsys, tmp_path):
+    out = tmp_path / "e2e.json"
+    r = lmsys("bench", "e2e", "--size", "tiny", "--mode", "all", *FAST, "--format", "json", "--output", str(out))
+    assert r.code == 0, r.err
+    doc = json.loads(out.read_text())
+    assert json.loads(r.out) == doc
+    assert doc["meta"]["torch"] == torch.__version__ and "tiny" in doc["meta"]
+    rows = {row["mode"]: row for row in doc["rows"]}
+    assert set(rows) == {"fwd", "fwd-bwd", "train"}
+    assert rows["fwd"]["backward ms"] is None and rows["fwd"]["optimizer ms"] is None
+    assert rows["fwd-bwd"]["optimizer ms"] is None
+    train = rows["train"]
+    assert train["status"] == "ok" and train["params"] == 3_084_928
+    for col in ("forward ms", "backward ms", "optimizer ms", "step ms"):
+        assert train[col]["mean"] > 0
+    # The step contains its phases.
+    phases = sum(train[c]["mean"] for c in ("forward ms", "backward ms", "optimizer ms"))
+    assert train["step ms"]["mean"] >= 0.95 * phases
+    assert train["tokens/s"] == pytest.approx(4 * 32 / (train["step ms"]["mean"] / 1e3))
+
+
+def test_e2e_default_on_cpu_is_tiny_with_warmup_zero_and_overrides(lmsys):
+    r = lmsys("bench", "e2e", "--context-length", "16", "--steps", "1", "--warmup", "0", "--layers", "1",
+              "--d-model", "64", "--heads", "2", "--device", "cpu", "-f", "md")
+    assert r.code == 0, r.err
+    assert "| tiny | train |" in r.out and "d_model 64, d_ff 512, 1 layers, 2 heads" in r.out
+
+
+def test_e2e_bf16_and_sweep_of_sizes(lmsys):
+    r = lmsys("bench", "e2e", "--size", "tiny,tiny", "--dtype", "bf16", "--layers", "1", *FAST, "-f", "csv")
+    assert r.code == 0, r.err
+    assert r.out.count("tiny,train,") == 2 and "bf16 autocast" in r.out
+
+
+def test_oom_row_and_sweep_goes_on(lmsys, monkeypatch):
+    real = e2e._measure_config
+
+    def flaky(name, cfg, *a, **kw):
+        if cfg.num_layers == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        yield from real(name, cfg, *a, **kw)
+
+    monkeypatch.setattr(e2e, "_measure_config", flaky)
+    cfgs = e2e.resolve_configs(["tiny", "tiny"], context_length=16, layers=None)
+    cfgs[1] = ("tiny-1", cfgs[1][1].with_overrides(num_layers=1))
+    rows = list(e2e.run_e2e(cfgs, modes=["fwd", "train"], batch_size=2, dtype="fp32", compile=False,
+                            warmup=0, steps=1, device=torch.device("cpu")))
+    assert [(r["size"], r["mode"], r["status"]) for r in rows] == [
+        ("tiny", "fwd", "OOM"), ("tiny", "train", "OOM"), ("tiny-1", "fwd", "ok"), ("tiny-1", "train", "ok")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--size", "huge"), "unknown model size"),
+    (("--d-model", "130"), "not divisible"),
+    (("--dtype", "fp16", "--device", "cpu"), "fp16 needs a CUDA GPU"),
+    (("--dtype", "fp8"), "--dtype must be one of"),
+    (("--mode", "sideways"), "--mode must be one of"),
+    (("--attn", "magic"), "unknown attention implementation"),
+    (("--format", "xml"), "--format must be one of"),
+    (("--output", "/nonexistent/dir/x.md"), "does not exist"),
+    (("--steps", "0"), "--steps"),
+    (("--context-length", "0"), "--context-length"),
+])
+def test_bad_input_exits_2_with_one_line(lmsys, args, message):
+    r = lmsys("bench", "e2e", "--device", "cpu", *args)
+    assert r.code == 2
+    assert message in r.err and "Traceback" not in r.err
+    assert len(r.err.strip().splitlines()) <= 2  # the message, and at most a hint
+
+
+def test_cuda_requested_without_gpu(lmsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = lmsys("bench", "e2e", "--device", "cuda")
+    assert r.code == 2 and "no CUDA GPU" in r.err
+
+
+def test_precision_command(lmsys):
+    r = lmsys("precision", "--device", "cpu", "-f", "json")
+    assert r.code == 0, r.err
+    walk, acc = json.loads(r.out)
+    dtypes = {(row["autocast"], row["tensor"]): row["dtype"] for row in walk["rows"]}
+    assert dtypes[("bf16", "fc1 output")] == "bfloat16"
+    assert dtypes[("fp16", "fc1 output")] == "float16"
+    assert dtypes[("bf16", "parameters (fc1.weight)")] == "float32"
+    assert dtypes[("bf16", "loss")] == "float32"
+    assert dtypes[("fp16", "gradient fc1.weight")] == "float32"
+    results = {row["accumulation"]: row["result"] for row in acc["rows"]}
+    assert results["fp32"] == pytest.approx(10.0, abs=1e-3)
+    assert abs(results["fp16"] - 10.0) > 0.01  # fp16 accumulation drifts
+    assert abs(results["fp32 accumulator, fp16 addend"] - 10.0) < abs(results["fp16"] - 10.0)
+    assert results["bf16"] == 4.0  # stalls once 0.01 is below half an ulp
