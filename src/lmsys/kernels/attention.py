@@ -7,6 +7,7 @@ query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implement
 - `compiled`: the naive function under torch.compile;
 - `sdpa`: torch.nn.functional.scaled_dot_product_attention (PyTorch picks its backend);
 - `flash-torch`, `flash-triton`: this project's FlashAttention-2 (lmsys.kernels.flash_torch/_triton).
+- `annotated`: the naive math with each part in an NVTX/record_function range (lmsys.profiling.nvtx).
 """
 
 from __future__ import annotations
@@ -55,12 +56,19 @@ def _flash_triton(q, k, v, is_causal):
     return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
+def _annotated(q, k, v, is_causal):
+    from lmsys.profiling.nvtx import annotated_attention
+
+    return annotated_attention(q, k, v, is_causal)
+
+
 IMPLS: dict[str, Callable] = {
     "naive": naive_attention,
     "compiled": _compiled,
     "sdpa": _sdpa,
     "flash-torch": _flash_torch,
     "flash-triton": _flash_triton,
+    "annotated": _annotated,
 }
 
 
