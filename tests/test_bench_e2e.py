@@ -42,21 +42,36 @@ def test_e2e_bf16_and_sweep_of_sizes(lmsys):
     assert r.out.count("tiny,train,") == 2 and "bf16 autocast" in r.out
 
 
-def test_oom_row_and_sweep_goes_on(lmsys, monkeypatch):
+def test_oom_row_and_sweep_goes_on(monkeypatch):
     real = e2e._measure_config
 
-    def flaky(name, cfg, *a, **kw):
-        if cfg.num_layers == 2:
+    def flaky(workload, *a, **kw):
+        if workload.config.num_layers == 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
-        yield from real(name, cfg, *a, **kw)
+        yield from real(workload, *a, **kw)
 
     monkeypatch.setattr(e2e, "_measure_config", flaky)
-    cfgs = e2e.resolve_configs(["tiny", "tiny"], context_length=16, layers=None)
+    cfgs = e2e.resolve_configs(["tiny", "tiny"], context_length=16)
     cfgs[1] = ("tiny-1", cfgs[1][1].with_overrides(num_layers=1))
-    rows = list(e2e.run_e2e(cfgs, modes=["fwd", "train"], batch_size=2, dtype="fp32", compile=False,
-                            warmup=0, steps=1, device=torch.device("cpu")))
+    workloads = e2e.resolve_workloads(cfgs, checkpoints=["none"], batch_size=2)
+    rows = list(e2e.run_e2e(workloads, modes=["fwd", "train"], warmup=0, steps=1, device=torch.device("cpu")))
     assert [(r["size"], r["mode"], r["status"]) for r in rows] == [
         ("tiny", "fwd", "OOM"), ("tiny", "train", "OOM"), ("tiny-1", "fwd", "ok"), ("tiny-1", "train", "ok")]
+
+
+def test_compare_runs_references_once_and_reports_speedups(lmsys):
+    r = lmsys("bench", "e2e", "--size", "tiny", "--layers", "1", "--fast", "--compare", "--checkpoint", "none,block",
+              "--context-length", "16", "--steps", "2", "--warmup", "0", "--device", "cpu", "-f", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    paths = [(row["path"], row["checkpoint"]) for row in doc["rows"]]
+    assert paths == [("plain eager", "none"), ("plain compiled", "none"), ("lmsys", "none"), ("lmsys", "block")]
+    eager, compiled, fast, _ = doc["rows"]
+    assert eager["× vs eager"] == pytest.approx(1.0)
+    assert fast["× vs compiled"] == pytest.approx(compiled["step ms"]["mean"] / fast["step ms"]["mean"])
+    # Same seed, same data: every path starts from the same weights and sees the same batch.
+    assert fast["loss"] == pytest.approx(eager["loss"], rel=1e-3)
+    assert "sdpa" in doc["meta"]["lmsys path"] and "torch.compile" in doc["meta"]["plain compiled"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -70,6 +85,11 @@ def test_oom_row_and_sweep_goes_on(lmsys, monkeypatch):
     (("--output", "/nonexistent/dir/x.md"), "does not exist"),
     (("--steps", "0"), "--steps"),
     (("--context-length", "0"), "--context-length"),
+    (("--checkpoint", "every:0"), "--checkpoint must be"),
+    (("--master-weights",), "--master-weights"),
+    (("--cuda-graphs",), "--cuda-graphs works through torch.compile"),
+    (("--compile", "--compile-blocks"), "exclusive"),
+    (("--fused-ce", "maybe"), "--fused-ce"),
 ])
 def test_bad_input_exits_2_with_one_line(lmsys, args, message):
     r = lmsys("bench", "e2e", "--device", "cpu", *args)

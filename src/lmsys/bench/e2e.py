@@ -1,7 +1,9 @@
 """`bench e2e`: time forward, backward and optimizer of the LM training step over sizes and modes.
 
-Each configuration yields one row per mode; an out-of-memory configuration yields a row marked OOM and
-the sweep goes on. Rows are plain dicts (column heading -> value) for lmsys.core.results.
+Each (configuration, path) yields one row per mode; an out-of-memory configuration yields rows marked
+OOM and the sweep goes on. With `compare`, every configuration also runs the plain references in the
+same process — the same model with naive attention and torch.optim.AdamW, eager, and under
+torch.compile with fused AdamW — and rows carry the speed-ups over both. Rows are plain dicts.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
+from lmsys.bench.step import Workload, checkpoint_segment
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import mfu, model_flops
 from lmsys.core.results import MeanStd
@@ -17,6 +20,7 @@ from lmsys.model.config import ModelConfig, get_config
 
 MODE_CHOICES = ("fwd", "fwd-bwd", "train", "all")
 MiB = 2**20
+PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
 
 
 def default_size(device) -> str:
@@ -43,6 +47,38 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     return out
 
 
+def fast_path(device, dtype: str) -> dict:
+    """What `--fast` switches on, per device: every choice here is measured in docs/benchmarks/e2e.md."""
+    cuda = device.type == "cuda"
+    return {
+        "attn_impl": "flash-triton" if cuda else "sdpa",
+        "compile": "blocks" if cuda else "none",
+        "optimizer": "adamw-fused",
+        "master_weights": dtype == "bf16",
+        "fused_ce": "auto",
+        "tf32": cuda and dtype == "fp32",
+    }
+
+
+def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: list[str], **options
+                      ) -> list[tuple[str, Workload]]:
+    """One Workload per (configuration, checkpoint policy); `options` are Workload fields."""
+    out = []
+    for name, cfg in configs:
+        for policy in checkpoints:
+            checkpoint_segment(policy, cfg.num_layers)
+            out.append((name, Workload(cfg, checkpoint=policy, **options)))
+    return out
+
+
+def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
+    """The user's alternative: the plain model (naive attention, AdamW), eager and torch.compile'd."""
+    plain = replace(workload, config=workload.config.with_overrides(attn_impl="naive"), compile="none",
+                    cuda_graphs=False, optimizer="adamw", master_weights=False, fused_ce=False,
+                    checkpoint="none", tf32=False)
+    return [(PLAIN_EAGER, plain), (PLAIN_COMPILED, replace(plain, compile="model", optimizer="adamw-fused"))]
+
+
 def expand_modes(mode: str) -> list[str]:
     if mode not in MODE_CHOICES:
         raise LmsysError(f"--mode must be one of {', '.join(MODE_CHOICES)}, not {mode!r}")
@@ -54,80 +90,119 @@ def describe(cfg: ModelConfig) -> str:
             f"vocab {cfg.vocab_size}, context {cfg.context_length}")
 
 
-def run_e2e(configs: list[tuple[str, ModelConfig]], *, modes: list[str], batch_size: int, dtype: str,
-            compile: bool, warmup: int, steps: int, device) -> Iterator[dict]:
-    """Yield one row per (configuration, mode)."""
-    from lmsys.core.devices import free_memory, is_oom
+def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: int, steps: int, device,
+            compare: bool = False) -> Iterator[dict]:
+    """Yield rows per (workload, path, mode). With `compare`, the plain references run first, once per
+    model configuration (checkpoint policies share them), and lmsys rows carry the speed-ups."""
     from lmsys.model import count_parameters
 
-    for name, cfg in configs:
-        params = count_parameters(cfg)
-        rows: list[dict] = []
-        try:
-            for row in _measure_config(name, cfg, params, modes=modes, batch_size=batch_size,
-                                       dtype=dtype, compile=compile, warmup=warmup, steps=steps,
-                                       device=device):
-                rows.append(row)
-        except Exception as exc:  # noqa: BLE001 - only OOM is swallowed, below
-            if not is_oom(exc):
-                raise
-            done = {r["mode"] for r in rows}
-            rows += [_oom_row(name, params, m) for m in modes if m not in done]
-        free_memory(device)
-        yield from rows
+    show_checkpoint = any(w.checkpoint != "none" for _, w in workloads)
+    references: dict = {}  # (name, config, batch, dtype) -> reference rows
+    for name, workload in workloads:
+        params = count_parameters(workload.config)
+        measure = dict(modes=modes, warmup=warmup, steps=steps, device=device)
+        group: list[dict] = []
+        ref_key = (name, workload.config, workload.batch_size, workload.dtype)
+        if compare and ref_key not in references:
+            references[ref_key] = [
+                _ident(name, path, ref if show_checkpoint else None) | row
+                for path, ref in reference_workloads(workload)
+                for row in _measure_or_oom(ref, params, **measure)
+            ]
+            group += references[ref_key]
+        for row in _measure_or_oom(workload, params, **measure):
+            group.append(_ident(name, "lmsys" if compare else None, workload if show_checkpoint else None) | row)
+        if compare:
+            _add_speedups(group, references[ref_key])
+        yield from group
 
 
-def _oom_row(name: str, params: int, mode: str) -> dict:
-    return {"size": name, "mode": mode, "params": params, "status": "OOM"}
+def _ident(name: str, path: str | None, workload: Workload | None) -> dict:
+    ident = {"size": name}
+    if path is not None:
+        ident["path"] = path
+    if workload is not None:
+        ident["checkpoint"] = workload.checkpoint
+    return ident
 
 
-def _measure_config(name, cfg, params, *, modes, batch_size, dtype, compile, warmup, steps, device):
-    from lmsys.bench.step import Workload, build_train_step, random_batch
+def _measure_or_oom(workload, params, **kw) -> list[dict]:
+    from lmsys.core.devices import free_memory, is_oom
+
+    rows: list[dict] = []
+    try:
+        for row in _measure_config(workload, params, **kw):
+            rows.append(row)
+    except Exception as exc:  # noqa: BLE001 - only OOM is swallowed, below
+        if not is_oom(exc):
+            raise
+        done = {r["mode"] for r in rows}
+        rows += [{"mode": m, "params": params, "status": "OOM"} for m in kw["modes"] if m not in done]
+    free_memory(kw["device"])
+    return rows
+
+
+def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
+    from lmsys.bench.step import build_train_step, random_batch, tf32_matmuls
     from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
 
-    workload = Workload(cfg, batch_size=batch_size, dtype=dtype, compile=compile)
-    step = build_train_step(workload, device)
-    inputs, targets = random_batch(workload, device)
-    peak = peak_tflops(device, dtype)
-    for mode in modes:
-        for _ in range(warmup):
-            step.run(inputs, targets, mode)
-        synchronize(device)
-        timer = RegionTimer(device)
-        peak_fwd = peak_step = None
-        for _ in range(steps):
-            step.zero_grad()
-            reset_peak_memory(device)
-            with timer.region("step"):
-                with timer.region("forward"):
-                    loss = step.forward(inputs, targets)
-                peak_fwd = _max(peak_fwd, peak_memory(device))
-                if mode != "fwd":
-                    with timer.region("backward"):
-                        step.backward(loss)
-                if mode == "train":
-                    with timer.region("optimizer"):
-                        step.optimizer_step()
-            del loss
-            peak_step = _max(peak_step, peak_memory(device))
-        stats = timer.stats()
-        step_ms = stats["step"].mean
-        flops = model_flops(cfg, batch_size=batch_size, seq_len=cfg.context_length, backward=mode != "fwd")
-        util = mfu(flops, step_ms, peak)
-        yield {
-            "size": name,
-            "mode": mode,
-            "params": params,
-            "forward ms": _cell(stats.get("forward")),
-            "backward ms": _cell(stats.get("backward")),
-            "optimizer ms": _cell(stats.get("optimizer")),
-            "step ms": _cell(stats["step"]),
-            "tokens/s": workload.tokens / (step_ms * 1e-3),
-            "MFU %": None if util is None else 100 * util,
-            "peak fwd MiB": None if peak_fwd is None else peak_fwd / MiB,
-            "peak step MiB": None if peak_step is None else peak_step / MiB,
-            "status": "ok",
-        }
+    cfg = workload.config
+    with tf32_matmuls(workload.tf32):
+        step = build_train_step(workload, device)
+        inputs, targets = random_batch(workload, device)
+        peak = peak_tflops(device, workload.dtype)
+        for mode in modes:
+            for _ in range(warmup):
+                step.run(inputs, targets, mode)
+            synchronize(device)
+            timer = RegionTimer(device)
+            peak_fwd = peak_step = None
+            for _ in range(steps):
+                step.zero_grad()
+                reset_peak_memory(device)
+                with timer.region("step"):
+                    with timer.region("forward"):
+                        loss = step.forward(inputs, targets)
+                    peak_fwd = _max(peak_fwd, peak_memory(device))
+                    if mode != "fwd":
+                        with timer.region("backward"):
+                            step.backward(loss)
+                    if mode == "train":
+                        with timer.region("optimizer"):
+                            step.optimizer_step()
+                last_loss = loss.detach()
+                del loss
+                peak_step = _max(peak_step, peak_memory(device))
+            stats = timer.stats()
+            step_ms = stats["step"].mean
+            flops = model_flops(cfg, batch_size=workload.batch_size, seq_len=cfg.context_length,
+                                backward=mode != "fwd")
+            util = mfu(flops, step_ms, peak)
+            yield {
+                "mode": mode,
+                "params": params,
+                "forward ms": _cell(stats.get("forward")),
+                "backward ms": _cell(stats.get("backward")),
+                "optimizer ms": _cell(stats.get("optimizer")),
+                "step ms": _cell(stats["step"]),
+                "tokens/s": workload.tokens / (step_ms * 1e-3),
+                "MFU %": None if util is None else 100 * util,
+                "peak fwd MiB": None if peak_fwd is None else peak_fwd / MiB,
+                "peak step MiB": None if peak_step is None else peak_step / MiB,
+                "loss": float(last_loss),
+                "status": "ok",
+            }
+
+
+def _add_speedups(group: list[dict], references: list[dict]) -> None:
+    """× over the plain references: their step time divided by this row's, mode by mode."""
+    ref_ms = {(r["path"], r["mode"]): r["step ms"].mean for r in references if r["status"] == "ok"}
+    for r in group:
+        mine = r["step ms"].mean if r["status"] == "ok" else None
+        for ref, col in ((PLAIN_EAGER, "× vs eager"), (PLAIN_COMPILED, "× vs compiled")):
+            base = ref_ms.get((ref, r["mode"]))
+            r[col] = base / mine if (base and mine) else None
+        r["status"] = r.pop("status")  # keep status the last column
 
 
 def _cell(stats) -> MeanStd | None:

@@ -2,31 +2,65 @@
 
 `bench e2e` wraps the phases in timer regions, `profile nsys` in NVTX ranges, `profile memory` in
 memory-history phases: the step itself knows nothing of who watches it.
+
+A `Workload` also carries the fast-path switches (each measured in docs/benchmarks/e2e.md); they are
+applied here, from outside the model: compile (whole loss function or each block), CUDA graphs, fused
+or master-weight AdamW, chunked cross-entropy, activation checkpointing, TF32.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import re
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from lmsys.core.devices import torch_dtype
+from lmsys.core.errors import LmsysError
 from lmsys.model.config import ModelConfig
 from lmsys.model.transformer import TransformerLM
 
 MODES = ("fwd", "fwd-bwd", "train")
+COMPILE_CHOICES = ("none", "model", "blocks")
+OPTIMIZER_CHOICES = ("adamw", "adamw-fused")
+FUSED_CE_BYTES = 2**30  # "auto" chunks the cross-entropy once fp32 logits would exceed 1 GiB
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What one benchmarked training step is: the model, the batch and the numerics."""
+    """What one benchmarked training step is: the model, the batch, the numerics and the fast path."""
 
     config: ModelConfig
     batch_size: int = 4
-    dtype: str = "fp32"  # autocast dtype; weights stay fp32
-    compile: bool = False
+    dtype: str = "fp32"            # autocast dtype (weights fp32), or the weights' dtype with master_weights
+    compile: str | bool = "none"   # none | model (the whole loss function) | blocks (each block); True = model
+    cuda_graphs: bool = False      # torch.compile mode="reduce-overhead"
+    optimizer: str = "adamw"       # adamw (foreach) | adamw-fused; ignored with master_weights
+    master_weights: bool = False   # bf16 weights and grads, fp32 master + moments (lmsys.kernels.adamw)
+    fused_ce: bool | str = False   # chunked cross-entropy: True | False | "auto" (when logits are large)
+    checkpoint: str = "none"       # none | block | every:N (segments of N blocks)
+    tf32: bool = False             # TF32 tensor cores for fp32 matmuls
+    lr: float = 1e-4
+
+    def __post_init__(self):
+        if isinstance(self.compile, bool):
+            object.__setattr__(self, "compile", "model" if self.compile else "none")
+        if self.compile not in COMPILE_CHOICES:
+            raise LmsysError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {self.compile!r}")
+        if self.optimizer not in OPTIMIZER_CHOICES:
+            raise LmsysError(f"--optimizer must be one of {', '.join(OPTIMIZER_CHOICES)}, not {self.optimizer!r}")
+        torch_dtype(self.dtype)
+        if self.master_weights and self.dtype != "bf16":
+            raise LmsysError("--master-weights keeps bf16 weights with fp32 master copies: use it with --dtype bf16")
+        if self.cuda_graphs and self.compile == "none":
+            raise LmsysError("--cuda-graphs works through torch.compile: add --compile or --compile-blocks")
+        if self.fused_ce == "auto":
+            logits_bytes = 4 * self.tokens * self.config.vocab_size
+            object.__setattr__(self, "fused_ce", logits_bytes > FUSED_CE_BYTES)
+        checkpoint_segment(self.checkpoint, self.config.num_layers)
 
     @property
     def seq_len(self) -> int:
@@ -36,16 +70,44 @@ class Workload:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
+    def describe(self) -> str:
+        parts = [f"attention {self.config.attn_impl}"]
+        if self.compile != "none":
+            parts.append(f"compile {self.compile}" + (" + CUDA graphs" if self.cuda_graphs else ""))
+        parts.append("bf16 weights + fp32 master AdamW" if self.master_weights else
+                     ("fused AdamW" if self.optimizer == "adamw-fused" else "AdamW"))
+        if self.fused_ce:
+            parts.append("chunked CE")
+        if self.checkpoint != "none":
+            parts.append(f"checkpoint {self.checkpoint}")
+        if self.tf32:
+            parts.append("TF32")
+        return ", ".join(parts)
+
+
+def checkpoint_segment(policy: str, num_layers: int) -> int | None:
+    """'none' -> None; 'block' -> 1; 'every:N' -> N (blocks per recomputed segment)."""
+    if policy == "none":
+        return None
+    if policy == "block":
+        return 1
+    m = re.fullmatch(r"every:(\d+)", policy)
+    if not m or int(m.group(1)) < 1:
+        raise LmsysError(f"--checkpoint must be none, block or every:N (N >= 1), not {policy!r}")
+    return min(int(m.group(1)), num_layers)
+
 
 class TrainStep:
     """forward (loss under autocast) -> backward (grad-scaled for fp16) -> optimizer (step + zero_grad)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, device, dtype: str):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, device, dtype: str,
+                 loss_fn=None, autocast: bool = True):
         self.model = model
         self.optimizer = optimizer
         self.device = device
-        self.autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
+        self.autocast_dtype = None if (dtype == "fp32" or not autocast) else torch_dtype(dtype)
         self.scaler = torch.amp.GradScaler(device.type) if dtype == "fp16" else None
+        self.loss_fn = loss_fn or (lambda inputs, targets: lm_loss(model, inputs, targets, fused_ce=False))
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -54,8 +116,7 @@ class TrainStep:
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with self._autocast():
-            logits = self.model(inputs)  # [B, S, V]
-            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
+            return self.loss_fn(inputs, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -83,6 +144,16 @@ class TrainStep:
         return loss
 
 
+def lm_loss(model: TransformerLM, inputs, targets, *, fused_ce: bool) -> torch.Tensor:
+    """Mean next-token cross-entropy; chunked so the [tokens, vocab] logits never exist when fused_ce."""
+    if fused_ce:
+        from lmsys.kernels.cross_entropy import chunked_cross_entropy
+
+        return chunked_cross_entropy(model.hidden_states(inputs), model.lm_head.weight, targets)
+    logits = model(inputs)  # [B, S, V]
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
 def random_batch(workload: Workload, device, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform random token ids and targets, [B, S] each."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -93,10 +164,74 @@ def random_batch(workload: Workload, device, *, seed: int = 0) -> tuple[torch.Te
 
 
 def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
-    """Random-weight model on `device` with AdamW, wrapped as a TrainStep."""
+    """Random-weight model on `device` (seeded: every workload of a comparison starts from the same
+    weights), the optimizer, and the fast-path wrappers the workload asks for."""
     torch.manual_seed(seed)
     model = TransformerLM(workload.config, device=device)
-    if workload.compile:
-        model = torch.compile(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    return TrainStep(model, optimizer, device=device, dtype=workload.dtype)
+    if workload.master_weights:
+        model = model.to(torch_dtype(workload.dtype))
+    compile_mode = "reduce-overhead" if workload.cuda_graphs else None
+    if workload.compile == "blocks":
+        for layer in model.layers:
+            layer.compile(mode=compile_mode)  # in place: the checkpointed segments below hold these
+    segment = checkpoint_segment(workload.checkpoint, workload.config.num_layers)
+    if segment is not None:
+        apply_activation_checkpointing(model, segment)
+
+    def loss_fn(inputs, targets):
+        return lm_loss(model, inputs, targets, fused_ce=bool(workload.fused_ce))
+
+    if workload.compile == "model":
+        loss_fn = torch.compile(loss_fn, mode=compile_mode)
+    optimizer = make_optimizer(workload, model.parameters(), device)
+    return TrainStep(model, optimizer, device=device, dtype=workload.dtype, loss_fn=loss_fn,
+                     autocast=not workload.master_weights)
+
+
+def make_optimizer(workload: Workload, params, device) -> torch.optim.Optimizer:
+    kw = dict(lr=workload.lr, weight_decay=0.01)
+    if workload.master_weights:
+        from lmsys.kernels.adamw import MasterWeightAdamW
+
+        return MasterWeightAdamW(params, **kw)
+    if workload.optimizer == "adamw-fused":
+        return torch.optim.AdamW(params, fused=True, **kw)
+    return torch.optim.AdamW(params, **kw)
+
+
+@contextmanager
+def tf32_matmuls(enabled: bool):
+    """Allow (or forbid) TF32 tensor cores for fp32 matmuls and convolutions inside the block."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+
+class CheckpointedSegment(torch.nn.Module):
+    """Consecutive blocks whose activations are recomputed in backward instead of stored."""
+
+    def __init__(self, blocks: list[torch.nn.Module]):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def _run(self, x, cos, sin):
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return x
+
+    def forward(self, x, cos, sin):
+        return checkpoint(self._run, x, cos, sin, use_reentrant=False)
+
+
+def apply_activation_checkpointing(model: TransformerLM, segment: int) -> None:
+    """Group model.layers into checkpointed segments of `segment` blocks (1 = every block)."""
+    blocks = list(model.layers)
+    model.layers = torch.nn.ModuleList(
+        CheckpointedSegment(blocks[i:i + segment]) for i in range(0, len(blocks), segment)
+    )

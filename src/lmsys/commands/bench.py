@@ -25,8 +25,17 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
-    attn: Annotated[str, typer.Option(help="Attention: naive | compiled | sdpa | flash-torch | flash-triton.")] = "naive",
+    attn: Annotated[Optional[str], typer.Option(help="Attention: naive | compiled | sdpa | flash-torch | flash-triton. Default naive (flash-triton with --fast on a GPU).")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
+    compile_blocks: Annotated[bool, typer.Option("--compile-blocks", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
+    optimizer: Annotated[str, typer.Option(help="auto | adamw | adamw-fused (auto: fused on a GPU).")] = "auto",
+    master_weights: Annotated[bool, typer.Option("--master-weights", help="bf16 weights and grads with fp32 master weights in a fused Triton AdamW (needs --dtype bf16).")] = False,
+    fused_ce: Annotated[str, typer.Option(help="Chunked cross-entropy that never holds full logits: auto (when fp32 logits > 1 GiB) | on | off.")] = "auto",
+    tf32: Annotated[bool, typer.Option("--tf32", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
+    checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
+    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: flash-triton, per-block compile, fused AdamW, bf16 master weights (bf16), chunked CE, TF32 (fp32).")] = False,
+    compare: Annotated[bool, typer.Option("--compare", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
     output: OutputOpt = None,
@@ -41,21 +50,91 @@ def e2e(
     check_render_options(format, output)
     if warmup < 0 or steps < 1 or batch_size < 1:
         raise LmsysError("--warmup must be >= 0, --steps and --batch-size >= 1")
+    if compile and compile_blocks:
+        raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
+    if fused_ce not in ("auto", "on", "off"):
+        raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
+    if optimizer not in ("auto", "adamw", "adamw-fused"):
+        raise LmsysError(f"--optimizer must be auto, adamw or adamw-fused, not {optimizer!r}")
     modes = lib.expand_modes(mode)
     dev = resolve_device(device)
     check_dtype_for_device(dtype, dev)
+    options = lib.fast_path(dev, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
+    if attn is not None:
+        options["attn_impl"] = attn
+    if compile or compile_blocks:
+        options["compile"] = "model" if compile else "blocks"
+    if optimizer != "auto":
+        options["optimizer"] = optimizer
+    options.setdefault("optimizer", "adamw-fused" if dev.type == "cuda" else "adamw")
+    options["master_weights"] = master_weights or options.get("master_weights", False)
+    options["fused_ce"] = {"on": True, "off": False}.get(fused_ce, options.get("fused_ce", "auto"))
+    options["tf32"] = tf32 or options.get("tf32", False)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=attn)
-    rows = list(track(
-        lib.run_e2e(configs, modes=modes, batch_size=batch_size, dtype=dtype, compile=compile,
-                    warmup=warmup, steps=steps, device=dev),
-        total=len(configs) * len(modes), description="bench e2e",
-    ))
+                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
+    workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
+                                      batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
+    per_workload = len(modes) * (3 if compare else 1)
+    rows = list(track(lib.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
+                      total=len(workloads) * per_workload, description="bench e2e"))
     meta = environment(dev)
     meta.update({name: lib.describe(cfg) for name, cfg in configs})
-    numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 weights" + (", grad scaler" if dtype == "fp16" else "")
-    meta["run"] = (f"batch {batch_size}, {numerics}, attention {attn}, compile {compile}, "
-                   f"warmup {warmup}, steps {steps}, AdamW")
-    notes = ["MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype."]
+    numerics = ("fp32" if dtype == "fp32" else
+                f"{dtype} weights + fp32 master" if options["master_weights"] else
+                f"{dtype} autocast, fp32 weights" + (", grad scaler" if dtype == "fp16" else ""))
+    meta["run"] = f"batch {batch_size}, {numerics}, warmup {warmup}, steps {steps}"
+    meta["lmsys path"] = workloads[0][1].describe()
+    notes = ["MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype"
+             + (" (TF32 peak where TF32 is on)." if options["tf32"] else ".")]
+    if compare:
+        meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
+        meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
+        notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
     emit(Report("bench e2e", rows, meta, notes), format, output)
+
+@app.command("attention")
+def attention(
+    impl: Annotated[Optional[list[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    batch: Annotated[Optional[str], typer.Option(help="Batch sizes, comma-separated (seed: 8).")] = None,
+    heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,
+    d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128).")] = None,
+    seq_len: Annotated[Optional[str], typer.Option(help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (seed: fp32).")] = None,
+    causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal mask (seed: no).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it).")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Timed forward+backward steps (seed: 100).")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw fwd+bwd ms against seq into this PNG (matplotlib).")] = None,
+    device: DeviceOpt = "auto",
+    format: FormatOpt = "table",
+    output: OutputOpt = None,
+):
+    """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
+    from lmsys.bench import attention as lib
+    from lmsys.core.devices import environment, resolve_device
+    from lmsys.core.parsing import parse_int_list, parse_list
+    from lmsys.core.results import Report, check_output_path
+
+    check_render_options(format, output)
+    check_output_path(plot)
+    dev = resolve_device(device)
+    sweep, notes = lib.resolve_sweep(
+        device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
+        batch=parse_int_list(batch, what="--batch") or None, heads=parse_int_list(heads, what="--heads") or None,
+        d_head=parse_int_list(d_head, what="--d-head") or None,
+        seq_len=parse_int_list(seq_len, what="--seq-len") or None,
+        dtype=dtype, causal=causal, warmup=warmup, steps=steps,
+    )
+    rows = list(track(lib.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
+    meta = environment(dev)
+    meta["run"] = sweep.describe()
+    notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). TFLOP/s: 4·b·h·s²·d forward, "
+                 "2.5× that backward, halved when causal, over the mean time.")
+    notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
+                 "(inputs, saved tensors, output), peak during the backward.")
+    report = Report("bench attention", rows, meta, notes)
+    if plot is not None:
+        lib.plot_attention(rows, plot, title=f"attention fwd+bwd, {sweep.describe().split(', warmup')[0]}")
+        notes.append(f"Plot written to {plot}.")
+    emit(report, format, output)
