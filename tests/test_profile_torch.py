@@ -1,0 +1,67 @@
+"""`profile nsys --engine torch` end to end on `tiny` (a CPU in CI; kernels instead of operators on a GPU)."""
+
+import json
+
+import pytest
+import torch
+
+from lmsys.profiling import torch_engine
+from lmsys.profiling.summary import Timed
+
+COMMON = ("profile", "nsys", "--engine", "torch", "--size", "tiny", "--context-length", "32", "--batch-size", "2",
+          "--warmup", "1", "--steps", "2")
+
+
+def test_torch_engine_end_to_end_on_tiny(lmsys, tmp_path):
+    out = tmp_path / "prof"
+    r = lmsys(*COMMON, "--annotate-attention", "--out-dir", str(out), "--format", "json")
+    assert r.code == 0, r.err
+    docs = json.loads(r.out)
+    ranges = {row["range"]: row for row in docs[0]["rows"]}
+    for phase in ("FWD_STEP", "BWD_STEP", "OPTIM_STEP"):
+        assert ranges[phase]["instances"] == 2  # the measured steps only: the warm-up step is not recorded
+        assert ranges[phase]["total ms"] > 0 and ranges[phase]["avg ms"] > 0
+    assert sum(ranges[p]["% of step"] for p in ("FWD_STEP", "BWD_STEP", "OPTIM_STEP")) == pytest.approx(100)
+    # 2 layers x 2 steps of the annotated attention, nested inside FWD_STEP
+    assert ranges["ATTN_SOFTMAX"]["instances"] == 4
+    assert ranges["ATTN_SOFTMAX"]["total ms"] < ranges["FWD_STEP"]["total ms"]
+    titles = [d["title"] for d in docs]
+    unit = "kernels" if torch.cuda.is_available() else "operators"
+    assert any(t.startswith(f"top 10 {unit}") and t.endswith("in FWD_STEP") for t in titles)
+    split = next(d for d in docs if d["title"] == "attention: matmul vs softmax")
+    assert sum(row["% of attention"] for row in split["rows"][:3]) == pytest.approx(100)
+    trace = out / "torch_tiny_ctx32_b2_fp32_train_attn.trace.json"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "BWD_STEP" for e in events)
+    assert "chrome trace:" in r.err
+
+
+def test_torch_engine_fwd_mode_table_output(lmsys, tmp_path):
+    r = lmsys(*COMMON, "--mode", "fwd", "--range", "BWD_STEP", "--out-dir", str(tmp_path))
+    assert r.code == 0, r.err
+    assert "FWD_STEP" in r.out and "OPTIM_STEP" not in r.out
+    assert "No operators (self CPU time) recorded in range 'BWD_STEP'" in r.out or torch.cuda.is_available()
+
+
+def test_operators_are_attributed_to_the_range_they_ran_in():
+    """A stand-in event list: containment in time, on any thread; ranges and profiler steps excluded."""
+
+    class Span:
+        def __init__(self, start, end):
+            self.start, self.end = start, end
+
+    class Ev:
+        def __init__(self, name, start, end, self_us):
+            self.name, self.time_range, self.self_cpu_time_total = name, Span(start, end), self_us
+            self.device_type = "DeviceType.CPU"
+            self.kernels = []
+
+    events = [Ev("FWD_STEP", 0, 100, 1), Ev("BWD_STEP", 100, 300, 1), Ev("FWD_STEP", 400, 500, 1),
+              Ev("ProfilerStep#1", 0, 310, 1), Ev("aten::mm", 10, 20, 10), Ev("aten::mm", 410, 430, 20),
+              Ev("aten::mul", 150, 160, 5), Ev("aten::add", 350, 360, 7)]
+    prof = torch_engine.summarize_events(events, cuda=False)
+    fwd = prof.range("FWD_STEP")
+    assert fwd.instances == 2 and fwd.total_ns == 200_000 and fwd.device_ns is None
+    assert prof.by_range["FWD_STEP"] == [Timed("aten::mm", 2, 30_000)]
+    assert prof.by_range["BWD_STEP"] == [Timed("aten::mul", 1, 5_000)]
+    assert [t.name for t in prof.top] == ["aten::mm", "aten::add", "aten::mul"]  # outside ranges too
