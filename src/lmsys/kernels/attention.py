@@ -6,6 +6,8 @@ query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implement
 - `naive`: softmax(q kᵀ / √d) v, the full score matrix materialised (the assignment's baseline);
 - `compiled`: the naive function under torch.compile;
 - `sdpa`: torch.nn.functional.scaled_dot_product_attention (PyTorch picks its backend);
+- `sdpa-flash`, `sdpa-cudnn`, `sdpa-efficient`, `sdpa-math`: SDPA pinned to one backend
+  (torch.nn.attention.sdpa_kernel), for benchmarks that compare against a named competitor;
 - `flash-torch`, `flash-triton`: this project's FlashAttention-2 (lmsys.kernels.flash_torch/_triton).
 - `annotated`: the naive math with each part in an NVTX/record_function range (lmsys.profiling.nvtx).
 """
@@ -44,6 +46,18 @@ def _sdpa(q, k, v, is_causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+def _sdpa_pinned(backend_name: str) -> Callable:
+    """SDPA restricted to one backend; the backward is that backend's own (chosen by the forward)."""
+
+    def run(q, k, v, is_causal):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    return run
+
+
 def _flash_torch(q, k, v, is_causal):
     from lmsys.kernels.flash_torch import FlashAttentionTorch
 
@@ -66,6 +80,10 @@ IMPLS: dict[str, Callable] = {
     "naive": naive_attention,
     "compiled": _compiled,
     "sdpa": _sdpa,
+    "sdpa-flash": _sdpa_pinned("FLASH_ATTENTION"),
+    "sdpa-cudnn": _sdpa_pinned("CUDNN_ATTENTION"),
+    "sdpa-efficient": _sdpa_pinned("EFFICIENT_ATTENTION"),
+    "sdpa-math": _sdpa_pinned("MATH"),
     "flash-torch": _flash_torch,
     "flash-triton": _flash_triton,
     "annotated": _annotated,
@@ -81,6 +99,23 @@ def check_impl(name: str) -> str:
     if name not in IMPLS:
         raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
     return name
+
+
+def check_qkv(q, k, v, *, impl: str) -> None:
+    """Shapes every implementation needs: q [..., n_q, d], k and v [..., n_k, d], same leading dims,
+    dtype and device. Raises LmsysError naming `impl` and the shapes."""
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise LmsysError(f"{impl}: q, k and v must be [..., n, d] with the same number of dims; got {shapes}")
+    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise LmsysError(f"{impl}: expected q [..., n_q, d] and k, v [..., n_k, d] with the same leading dims "
+                         f"and d; got {shapes}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
+        raise LmsysError(f"{impl}: empty sequence or head dim ({shapes})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise LmsysError(f"{impl}: q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise LmsysError(f"{impl}: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):

@@ -1,0 +1,232 @@
+"""`bench attention`: time attention implementations forward and backward over a sweep of shapes.
+
+For each (impl, batch, heads, d_head, seq) the inputs are random [batch, heads, seq, d_head] tensors; after
+`warmup` untimed steps, `steps` steps each time one forward and one backward (torch.autograd.grad of the
+output against a random dO) with the one timer (CUDA events). Memory, from PyTorch's allocator on a GPU:
+the peak during a forward, what is allocated just before the backward (inputs + saved tensors + output),
+and the peak during the backward. An out-of-memory configuration yields a row with status 'oom' and the
+sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d forward, 2.5× that backward,
+halved when causal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from lmsys.core.errors import LmsysError
+from lmsys.core.flops import attention_flops
+from lmsys.core.results import MeanStd
+from lmsys.core.timing import RegionTimer, synchronize
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Sweep:
+    impls: tuple[str, ...]
+    batch: tuple[int, ...]
+    heads: tuple[int, ...]
+    d_head: tuple[int, ...]
+    seq_len: tuple[int, ...]
+    dtype: str
+    causal: bool
+    warmup: int
+    steps: int
+
+    @property
+    def size(self) -> int:
+        return len(self.impls) * len(self.batch) * len(self.heads) * len(self.d_head) * len(self.seq_len)
+
+    def describe(self) -> str:
+        return (f"{self.dtype}, {'causal' if self.causal else 'not causal'}, batch {_list(self.batch)}, "
+                f"heads {_list(self.heads)}, warmup {self.warmup}, {self.steps} timed forward+backward steps")
+
+
+def _list(values) -> str:
+    return ",".join(map(str, values))
+
+
+# The seed's sweep (CS336 assignment 2, attention benchmarking): batch 8, one head, no mask, fp32.
+SEED = Sweep(impls=("naive", "compiled", "flash-triton"), batch=(8,), heads=(1,), d_head=(16, 32, 64, 128),
+             seq_len=(256, 1024, 4096, 8192, 16384), dtype="fp32", causal=False, warmup=10, steps=100)
+# On a CPU, when no size is given: small enough to finish in seconds.
+CPU_DEFAULT = replace(SEED, impls=("naive", "flash-torch"), batch=(1,), d_head=(16, 64), seq_len=(128, 256),
+                      warmup=1, steps=5)
+CPU_IMPLS = ("naive", "compiled", "sdpa", "sdpa-math", "flash-torch")
+PRESETS = {
+    # The CS336 leaderboard shape: bf16, causal, batch 1, 16 heads, seq 16384, d 64.
+    "leaderboard": replace(SEED, impls=("sdpa-flash", "sdpa-cudnn", "flash-triton"), batch=(1,), heads=(16,),
+                           d_head=(64,), seq_len=(16384,), dtype="bf16", causal=True),
+}
+
+
+def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None = None,
+                  batch: list[int] | None = None, heads: list[int] | None = None, d_head: list[int] | None = None,
+                  seq_len: list[int] | None = None, dtype: str | None = None, causal: bool | None = None,
+                  warmup: int | None = None, steps: int | None = None) -> tuple[Sweep, list[str]]:
+    """The sweep to run: the preset (or the seed's, or a small CPU one) with every given option on top.
+    Returns it with notes saying what was chosen for the user."""
+    from lmsys.core.devices import check_dtype_for_device
+    from lmsys.kernels.attention import check_impl
+
+    notes = []
+    if preset is not None:
+        if preset not in PRESETS:
+            raise LmsysError(f"--preset must be one of {', '.join(PRESETS)}, not {preset!r}")
+        base = PRESETS[preset]
+    elif device.type == "cpu" and not any([batch, heads, d_head, seq_len]):
+        base = CPU_DEFAULT
+        notes.append("CPU without sizes: a small sweep (batch 1, d 16,64, seq 128,256, 5 steps) that finishes "
+                     "in seconds; give --d-head/--seq-len/--batch for others, and use a GPU for the seed's sweep.")
+    else:
+        base = SEED
+    if device.type == "cpu" and not impls:
+        kept = tuple(i for i in base.impls if i in CPU_IMPLS) or CPU_DEFAULT.impls
+        if kept != base.impls:
+            notes.append(f"CPU: implementations {_list(kept)} (GPU-only ones dropped; choose with --impl).")
+        base = replace(base, impls=kept)
+    sweep = replace(
+        base,
+        impls=tuple(dict.fromkeys(impls)) if impls else base.impls,
+        batch=tuple(batch or base.batch), heads=tuple(heads or base.heads),
+        d_head=tuple(d_head or base.d_head), seq_len=tuple(seq_len or base.seq_len),
+        dtype=dtype or base.dtype, causal=base.causal if causal is None else causal,
+        warmup=base.warmup if warmup is None else warmup, steps=base.steps if steps is None else steps,
+    )
+    for name in sweep.impls:
+        check_impl(name)
+    check_dtype_for_device(sweep.dtype, device)
+    if sweep.warmup < 0 or sweep.steps < 1:
+        raise LmsysError("--warmup must be >= 0 and --steps >= 1")
+    for what, values in (("--batch", sweep.batch), ("--heads", sweep.heads), ("--d-head", sweep.d_head),
+                         ("--seq-len", sweep.seq_len)):
+        if min(values) < 1:
+            raise LmsysError(f"{what}: sizes must be positive, got {_list(values)}")
+    if "flash-triton" in sweep.impls:
+        from lmsys.kernels.flash_triton import check_device
+
+        check_device(device)
+    return sweep, notes
+
+
+def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
+    """Yield one row per (impl, batch, heads, d_head, seq_len), in that nesting order."""
+    from lmsys.core.devices import free_memory, is_oom
+
+    for impl in sweep.impls:
+        for batch in sweep.batch:
+            for heads in sweep.heads:
+                for d in sweep.d_head:
+                    for seq in sweep.seq_len:
+                        key = {"impl": impl, "batch": batch, "heads": heads, "d": d, "seq": seq}
+                        try:
+                            row = {**key, **_measure(impl, batch, heads, d, seq, sweep, device)}
+                        except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
+                            if is_oom(exc):
+                                row = {**key, "status": "oom"}
+                            elif _unavailable(exc):
+                                row = {**key, "status": "unsupported"}
+                            else:
+                                raise
+                        free_memory(device)
+                        yield row
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """SDPA pinned to a backend that cannot take these inputs ('No available kernel')."""
+    return isinstance(exc, RuntimeError) and "no available kernel" in str(exc).lower()
+
+
+def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, device) -> dict:
+    import torch
+
+    from lmsys.core.devices import current_memory, peak_memory, reset_peak_memory, torch_dtype
+    from lmsys.kernels.attention import attention
+
+    dtype = torch_dtype(sweep.dtype)
+    shape = (batch, heads, seq, d)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn(shape, device=device, dtype=dtype)
+    inputs = (q, k, v)
+
+    def forward():
+        return attention(q, k, v, sweep.causal, impl)
+
+    for _ in range(sweep.warmup):  # compilation and autotuning happen here
+        torch.autograd.grad(forward(), inputs, do)
+    synchronize(device)
+
+    # One step alone for memory: the allocator's counters live on the host, no synchronisation needed.
+    reset_peak_memory(device)
+    out = forward()
+    peak_fwd, before_bwd = peak_memory(device), current_memory(device)
+    reset_peak_memory(device)
+    grads = torch.autograd.grad(out, inputs, do)
+    peak_bwd = peak_memory(device)
+    del out, grads
+
+    timer = RegionTimer(device)
+    for _ in range(sweep.steps):
+        with timer.region("forward+backward"):
+            with timer.region("forward"):
+                out = forward()
+            with timer.region("backward"):
+                grads = torch.autograd.grad(out, inputs, do)
+        del out, grads
+    stats = timer.stats()
+    fwd, bwd, total = stats["forward"], stats["backward"], stats["forward+backward"]
+
+    def rate(direction: str, ms: float) -> float:  # TFLOP/s = attention_flops / seconds / 1e12
+        flops = attention_flops(batch=batch, heads=heads, n_queries=seq, n_keys=seq, d_head=d,
+                                causal=sweep.causal, direction=direction)
+        return flops / (ms * 1e-3) / 1e12
+
+    return {
+        "fwd ms": MeanStd(fwd.mean, fwd.std),
+        "bwd ms": MeanStd(bwd.mean, bwd.std),
+        "fwd+bwd ms": MeanStd(total.mean, total.std),
+        "fwd TFLOP/s": rate("fwd", fwd.mean),
+        "bwd TFLOP/s": rate("bwd", bwd.mean),
+        "fwd+bwd TFLOP/s": rate("fwd+bwd", total.mean),
+        "peak fwd MiB": _mib(peak_fwd),
+        "before bwd MiB": _mib(before_bwd),
+        "peak bwd MiB": _mib(peak_bwd),
+        "status": "ok",
+    }
+
+
+def _mib(n: int | None) -> float | None:
+    return None if n is None else n / MiB
+
+
+def plot_attention(rows: list[dict], path, *, title: str) -> None:
+    """fwd+bwd time against sequence length, one line per (impl, d, batch, heads), log-log, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple, list[tuple[int, float]]] = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            key = (row["impl"], row["d"], row["batch"], row["heads"])
+            series.setdefault(key, []).append((row["seq"], row["fwd+bwd ms"].mean))
+    if not series:
+        raise LmsysError("--plot: no configuration ran (all out of memory or unsupported); nothing to plot")
+    multi = len({(k[2], k[3]) for k in series}) > 1
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (impl, d, batch, heads), points in sorted(series.items()):
+        points.sort()
+        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "")
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("forward + backward (ms)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
