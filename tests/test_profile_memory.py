@@ -170,12 +170,13 @@ def test_live_capture_on_cuda_matches_the_allocator(tmp_path):
     tl = memory.analyze(cap.snapshot, cap.device_index)
     assert [p.name for p in tl.phases][:4] == ["init", FWD_STEP, BWD_STEP, OPTIM_STEP]
     assert tl.baseline < 2**20
-    # the allocator counts rounded block sizes, the trace requested sizes: close, allocator >= trace
+    # the allocator counts block sizes (rounded up to 512 B; a reused large block may exceed the request
+    # by up to 1 MiB), the trace requested sizes: allocator >= trace, and close
     for p in tl.phases:
         alloc_peak = cap.allocator_peaks.get((p.step, p.name))
         if alloc_peak is not None:
-            assert alloc_peak >= p.peak_bytes - 2**20
-            assert alloc_peak == pytest.approx(p.peak_bytes, rel=0.05, abs=4 * 2**20), p
-    assert cap.allocator_peak == pytest.approx(tl.peak, rel=0.05, abs=4 * 2**20)
+            assert alloc_peak >= p.peak_bytes, p
+            assert alloc_peak == pytest.approx(p.peak_bytes, rel=0.15, abs=16 * 2**20), p
+    assert cap.allocator_peak == pytest.approx(tl.peak, rel=0.15, abs=16 * 2**20)
     path = memory.write_snapshot(cap.snapshot, tmp_path / "s.pickle")
     assert memory.load_snapshot(path)["device_traces"]

@@ -162,6 +162,11 @@ def test_kernel_summary_reads_the_unit_from_the_header_and_keeps_quoted_names():
     assert [t.name for t in top] == ["void gemm<float, 4>(int, T1)", "softmax_kernel"]
     assert top[0].total_ns == 300_000 and top[0].count == 3
     assert short_kernel_name(top[0].name) == "gemm<float, 4>"
+    softmax = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::"
+               "(anonymous namespace)::SoftMaxForwardEpilogue>(T4 *, const T2 *, int)")
+    assert short_kernel_name(softmax, width=200) == ("at::native::cunn_SoftMaxForward<4, float, float, float, "
+                                                     "at::native::SoftMaxForwardEpilogue>")
+    assert short_kernel_name("x" * 100, width=10) == "x" * 9 + "…"
 
 
 def test_attention_split_from_nvtx_kern_sum_with_flops():
@@ -182,7 +187,8 @@ def test_attention_split_from_nvtx_kern_sum_with_flops():
 
 
 def test_kernels_in_windows_assigns_by_execution_time_and_skips_memcpy():
-    ranges = nsys.parse_csv("Start (ns),End (ns),Name\n100,200,BWD_STEP\n300,400,BWD_STEP\n150,160,FWD_STEP\n")
+    ranges = nsys.parse_csv("Start (ns),End (ns),NameTid,Name\n100,200,BWD_STEP (7),BWD_STEP\n"
+                            "300,400,BWD_STEP (7),:BWD_STEP\n150,160,FWD_STEP (7),FWD_STEP\n")
     kernels = nsys.parse_csv(
         "Start (ns),Duration (ns),Name\n110,20,a\n190,20,b\n310,50,a\n320,5,[CUDA memcpy Device-to-Host]\n")
     got = nsys.kernels_in_windows(ranges, kernels, ("BWD_STEP", "FWD_STEP", "OPTIM_STEP"))

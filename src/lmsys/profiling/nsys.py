@@ -251,11 +251,14 @@ _UNIT_NS = {"ns": 1.0, "us": 1e3, "μs": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
 def _column(row: dict[str, str], *prefixes: str) -> tuple[str | None, float]:
     """The first column whose name starts with one of `prefixes` (case-insensitive), and the factor
     that turns its unit ('(ns)', '(us)', ...) into nanoseconds."""
+    def bare(key: str) -> str:
+        return re.sub(r"\s*\([^)]*\)\s*$", "", key).strip().lower()
+
     for prefix in prefixes:
-        for key in row:
-            if key.lower().startswith(prefix.lower()):
-                m = re.search(r"\((\w+)\)\s*$", key)
-                return key, _UNIT_NS.get(m.group(1), 1.0) if m else 1.0
+        hits = [k for k in row if bare(k) == prefix.lower()] or [k for k in row if k.lower().startswith(prefix.lower())]
+        if hits:
+            m = re.search(r"\((\w+)\)\s*$", hits[0])
+            return hits[0], _UNIT_NS.get(m.group(1), 1.0) if m else 1.0
     return None, 1.0
 
 

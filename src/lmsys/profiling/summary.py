@@ -60,7 +60,7 @@ def aggregate(items: list[Timed]) -> list[Timed]:
 def short_kernel_name(name: str, width: int = 90) -> str:
     """'void at::native::foo<float>(int, T1)' -> 'at::native::foo<float>': no return type, no
     parameter list, cut to `width` characters."""
-    text = name.strip()
+    text = name.strip().replace("(anonymous namespace)::", "")
     if text.startswith("void "):
         text = text[5:]
     depth = 0

@@ -99,7 +99,8 @@ def summarize_events(events, *, cuda: bool) -> TimeProfile:
             continue
         start, end = _span(e)
         if cuda:
-            items = [Timed(k.name, 1, k.duration * 1e3) for k in getattr(e, "kernels", [])]
+            # (an operator's own name in its kernel list is the legacy CUDA-event timing, not a kernel)
+            items = [Timed(k.name, 1, k.duration * 1e3) for k in getattr(e, "kernels", []) if k.name != e.name]
         else:
             items = [Timed(e.name, 1, e.self_cpu_time_total * 1e3)]
         if not items:
