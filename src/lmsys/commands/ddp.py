@@ -2,6 +2,95 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 import typer
 
+from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_render_options, emit
+
 app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP.", no_args_is_help=True)
+
+
+@app.command("train")
+def train(
+    strategy: Annotated[Optional[list[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
+    bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
+    comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
+    shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
+    size: Annotated[Optional[str], typer.Option(help="Model preset (tiny ... 10b) or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Sequences per rank per step.")] = 4,
+    context_length: Annotated[Optional[int], typer.Option(help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
+    dtype: DtypeOpt = "fp32",
+    steps: Annotated[int, typer.Option(help="Timed steps per strategy.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Untimed steps before them (they train too: parity covers all).")] = 3,
+    world_size: Annotated[Optional[int], typer.Option(help="Processes (default 2; under torchrun: its WORLD_SIZE).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")] = None,
+    format: FormatOpt = "table",
+    output: OutputOpt = None,
+):
+    """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
+    from dataclasses import asdict
+
+    from lmsys.core.devices import check_dtype_for_device
+    from lmsys.core.errors import LmsysError
+    from lmsys.core.parsing import parse_list
+    from lmsys.core.results import Report
+    from lmsys.distributed import launch
+    from lmsys.distributed.train import COMM_DTYPES, LEARNING_RATE, STRATEGIES, expand_runs
+    from lmsys.model.config import get_config
+
+    check_render_options(format, output)
+    if warmup < 0 or steps < 1 or batch_size < 1:
+        raise LmsysError("--warmup must be >= 0, --steps and --batch-size >= 1")
+    strategies = list(dict.fromkeys(parse_list(strategy, str, what="--strategy"))) if strategy else list(STRATEGIES)
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise LmsysError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
+    if any(not mb > 0 or mb == float("inf") for mb in bucket_mbs):
+        raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
+    comm_dtypes = list(dict.fromkeys(parse_list(comm_dtype, str, what="--comm-dtype")))
+    for cd in comm_dtypes:
+        if cd not in COMM_DTYPES:
+            raise LmsysError(f"--comm-dtype must be one of {', '.join(COMM_DTYPES)}, not {cd!r}")
+
+    backend = launch.resolve_backend(backend)
+    world_sizes = launch.resolve_world_sizes([world_size] if world_size is not None else None)
+    launch.check_launch(backend, world_sizes)
+    import torch
+
+    device = torch.device("cuda" if backend == "nccl" else "cpu")
+    check_dtype_for_device(dtype, device)
+    if dtype == "fp16" and "fsdp" in strategies:
+        raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
+    size = size or ("small" if backend == "nccl" else "tiny")
+    context_length = context_length or (512 if backend == "nccl" else 128)
+    if context_length < 1:
+        raise LmsysError(f"--context-length must be positive, got {context_length}")
+    get_config(size).with_overrides(context_length=context_length)  # a bad size fails here, not on every rank
+
+    runs = expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes)
+    kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
+                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer)
+    try:
+        result = launch.run("lmsys.distributed.train:train_job", kwargs, world_size=world_sizes[0], backend=backend)
+    except launch.RankFailedError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+    if result is None:  # a torchrun worker other than rank 0: rank 0 prints
+        return
+    meta = result["meta"]
+    numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
+    meta["run"] = (f"{backend}, world size {world_sizes[0]}, batch {batch_size} per rank, {numerics}, "
+                   f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
+    notes = [
+        "ms/step and phases: medians over the timed steps (rank 0). comm wait: time in "
+        "finish_gradient_synchronization() after backward (torch-ddp and fsdp communicate inside backward).",
+        "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). tokens/s: all ranks' tokens.",
+        "scaling eff %: 1-process step time at the same per-rank batch / step time (weak scaling, 100 = perfect).",
+        "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
+        "trained on the full batch with the same seed and data.",
+    ]
+    if "torch-ddp" in strategies:
+        notes.append("torch-ddp: torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
+    emit(Report("ddp train", result["rows"], meta, notes), format, output)

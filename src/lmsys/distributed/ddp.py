@@ -1,0 +1,335 @@
+"""Hand-written data parallelism, from one all-reduce per parameter to overlapped buckets.
+
+Every class wraps a model (`.module`), broadcasts its parameters and buffers from rank 0 when built,
+delegates `forward`, and after `loss.backward()` the caller runs `finish_gradient_synchronization()`,
+which leaves every rank with the gradient averaged over ranks (so the optimizer steps identically
+everywhere):
+
+- `NaiveDDP`: one blocking all-reduce per parameter after backward.
+- `FlatDDP`: all gradients flattened into one buffer (one per dtype), one all-reduce after backward.
+- `OverlapDDP`: an asynchronous all-reduce per parameter, launched from a post-accumulate-grad hook as
+  soon as that gradient is ready; finish waits on them.
+- `BucketedDDP`: parameters in reverse registration order (roughly the order backward produces their
+  gradients) packed into buckets of at most `bucket_size_mb` MiB; each bucket is one flat buffer and the
+  parameters' `.grad` become views into it, so after the first step there is no copy in or out; a bucket
+  is all-reduced asynchronously as soon as all its gradients are ready. Optionally the buckets are
+  communicated in bf16 (`comm_dtype`), halving the bytes, at the cost of rounding the averaged gradient.
+
+Shared rules:
+- Parameters with `requires_grad=False` are skipped; a parameter reached twice (tied weights) is
+  reduced once (`module.parameters()` yields it once; its hook fires once, after both uses accumulate).
+- Collectives are issued in one fixed order on every rank (hooks may fire in another order; a ready
+  parameter or bucket waits for its predecessors), so ranks never pair different tensors.
+- A parameter without a gradient this step takes part with zeros; if no rank had a gradient for it,
+  its `.grad` stays None, as in single-process training (a small all-reduce of "has a gradient" flags
+  decides). Averages are over all ranks, which equals the full-batch gradient when local batches are
+  equal-sized and the loss is a mean.
+- One backward per step: a gradient that becomes ready twice before `finish_gradient_synchronization()`
+  is an error (gradient accumulation without sync is not supported).
+
+Averaging: NCCL divides inside the collective (ReduceOp.AVG); gloo sums and the gradient is scaled by
+1/world first (exact for powers of two).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+MiB = 2**20
+
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "broadcast_module_state"]
+
+
+def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
+    """Every parameter and buffer of `module` takes rank `src`'s values."""
+    with torch.no_grad():
+        tensors = list(module.parameters()) + list(module.buffers())
+        works = [dist.broadcast(t.data, src=src, async_op=True) for t in tensors]
+        for work in works:
+            work.wait()
+
+
+def _averaging_op() -> tuple[dist.ReduceOp, Optional[float]]:
+    """(op, prescale): AVG where the backend has it (NCCL), else SUM of gradients scaled by 1/world."""
+    if dist.get_backend() == "nccl":
+        return dist.ReduceOp.AVG, None
+    return dist.ReduceOp.SUM, 1.0 / dist.get_world_size()
+
+
+def _ranks_with_grad(present: list[bool], device) -> list[int]:
+    """How many ranks hold a gradient, per parameter (one small all-reduce)."""
+    if not present:
+        return []
+    flags = torch.tensor(present, dtype=torch.int32, device=device)
+    dist.all_reduce(flags)
+    return flags.tolist()
+
+
+class _DataParallel(nn.Module):
+    """Common part: wrap, broadcast, the trainable parameters, forward delegation."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError(f"{type(self).__name__} needs an initialised torch.distributed process group")
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_module_state(module)
+        self._params = [p for p in module.parameters() if p.requires_grad]  # tied weights appear once
+        self._device = self._params[0].device if self._params else torch.device("cpu")
+        self._op, self._prescale = _averaging_op()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def on_train_batch_start(self) -> None:
+        """Per-step state reset (nothing to reset here)."""
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+
+class NaiveDDP(_DataParallel):
+    """One blocking all-reduce per parameter, after backward."""
+
+    def finish_gradient_synchronization(self) -> None:
+        counts = _ranks_with_grad([p.grad is not None for p in self._params], self._device)
+        for p, count in zip(self._params, counts):
+            if count == 0:
+                continue
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            if self._prescale is not None:
+                grad.mul_(self._prescale)
+            dist.all_reduce(grad, op=self._op)
+            p.grad = grad
+
+
+class FlatDDP(_DataParallel):
+    """All gradients in one flat buffer per dtype, one all-reduce each; the "has a gradient" flags ride
+    along at the end of the first buffer."""
+
+    def finish_gradient_synchronization(self) -> None:
+        groups: dict[torch.dtype, list[nn.Parameter]] = {}
+        for p in self._params:
+            groups.setdefault(p.dtype, []).append(p)
+        present = [p.grad is not None for p in self._params]
+        flats = []
+        for i, (dtype, params) in enumerate(groups.items()):
+            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            if i == 0:  # flags: 1 per parameter present here; after the sum, >0 means some rank had one
+                parts.append(torch.tensor(present, dtype=dtype, device=self._device))
+            flat = torch.cat(parts)
+            if self._prescale is not None:
+                flat.mul_(self._prescale)  # flags too: they only need to stay > 0
+            flats.append(flat)
+        for flat in flats:
+            dist.all_reduce(flat, op=self._op)
+        if not flats:
+            return
+        first = flats[0]
+        any_rank = (first[first.numel() - len(present):] > 0).tolist()
+        used = dict(zip(map(id, self._params), any_rank))
+        for flat, params in zip(flats, groups.values()):
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p) if used[id(p)] else None
+                offset += n
+
+
+class OverlapDDP(_DataParallel):
+    """An async all-reduce per parameter, launched from its post-accumulate-grad hook."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self._order = list(reversed(self._params))  # launch order: roughly backward's order
+        self._index = {id(p): i for i, p in enumerate(self._order)}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._order]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ready = [False] * len(self._order)
+        self._next = 0  # the first parameter not launched yet
+        self._works: list = [None] * len(self._order)
+
+    def on_train_batch_start(self) -> None:
+        self._drain()
+
+    def _drain(self) -> None:
+        for work in self._works:
+            if work is not None:
+                work.wait()
+        self._reset()
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        i = self._index[id(param)]
+        if self._ready[i]:
+            raise RuntimeError("a gradient became ready twice in one step: call "
+                               "finish_gradient_synchronization() after every backward")
+        self._ready[i] = True
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._order) and self._ready[self._next]:
+            p = self._order[self._next]
+            if p.grad is None:  # no gradient here this step: take part with zeros
+                p.grad = torch.zeros_like(p)
+            if self._prescale is not None:
+                p.grad.mul_(self._prescale)
+            self._works[self._next] = dist.all_reduce(p.grad, op=self._op, async_op=True)
+            self._next += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        present = [p.grad is not None for p in self._order]
+        self._ready = [True] * len(self._order)  # whatever is left goes now, in order
+        self._launch_ready()
+        counts = _ranks_with_grad(present, self._device)
+        for p, work, count in zip(self._order, self._works, counts):
+            work.wait()
+            if count == 0:
+                p.grad = None
+        self._reset()
+
+
+class _Bucket:
+    """Parameters sharing one flat communication buffer; `views[k]` is parameter k's slice of it."""
+
+    def __init__(self, params: list[nn.Parameter], *, comm_dtype: Optional[torch.dtype]):
+        self.params = params
+        dtype = params[0].dtype
+        device = params[0].device
+        total = sum(p.numel() for p in params)
+        self.offsets = []
+        offset = 0
+        for p in params:
+            self.offsets.append(offset)
+            offset += p.numel()
+        self.comm_dtype = comm_dtype or dtype
+        self.buffer = torch.zeros(total, dtype=self.comm_dtype, device=device)  # what is all-reduced
+        self.views = [self._slice(self.buffer, k) for k in range(len(params))]
+        if self.comm_dtype != dtype:  # the .grad views live in a buffer of the parameters' dtype
+            self.grad_buffer = torch.zeros(total, dtype=dtype, device=device)
+            self.grad_views = [self._slice(self.grad_buffer, k) for k in range(len(params))]
+        else:
+            self.grad_buffer = self.buffer
+            self.grad_views = self.views
+        self.reset()
+
+    def _slice(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        p = self.params[k]
+        return flat[self.offsets[k]:self.offsets[k] + p.numel()].view_as(p)
+
+    def reset(self) -> None:
+        self.ready = [False] * len(self.params)
+        self.n_ready = 0
+        self.work = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.params)
+
+
+class BucketedDDP(_DataParallel):
+    """Buckets of at most `bucket_size_mb` MiB of gradients (reverse registration order), each
+    all-reduced asynchronously as soon as all its gradients are ready."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None):
+        super().__init__(module)
+        if not bucket_size_mb > 0 or math.isinf(bucket_size_mb):
+            raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb}")
+        self.bucket_size_mb = bucket_size_mb
+        self.comm_dtype = comm_dtype
+        self.buckets = [_Bucket(ps, comm_dtype=comm_dtype)
+                        for ps in self._plan_buckets(list(reversed(self._params)), bucket_size_mb * MiB)]
+        self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+        self._next = 0  # the first bucket not launched yet
+
+    @staticmethod
+    def _plan_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
+        """Greedy packing in the given order; a new bucket when the cap would be passed or the dtype or
+        device changes. A parameter larger than the cap ends up alone in its bucket."""
+        buckets: list[list[nn.Parameter]] = []
+        current: list[nn.Parameter] = []
+        size = 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if current and (size + nbytes > cap_bytes or p.dtype != current[0].dtype
+                            or p.device != current[0].device):
+                buckets.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            buckets.append(current)
+        return buckets
+
+    def on_train_batch_start(self) -> None:
+        """Reset per-step state; waits for any all-reduce still in flight (safe to call every step)."""
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+            bucket.reset()
+        self._next = 0
+
+    def _stage(self, bucket: _Bucket, k: int) -> None:
+        """Put parameter k's gradient, averaged in advance where needed, into the bucket's buffer."""
+        p = bucket.params[k]
+        view, grad_view = bucket.views[k], bucket.grad_views[k]
+        grad = p.grad
+        if grad is None:  # no gradient here this step
+            view.zero_()
+            return
+        if grad.data_ptr() == view.data_ptr() and grad.dtype == view.dtype:
+            if self._prescale is not None:
+                view.mul_(self._prescale)
+            return
+        if self._prescale is not None:
+            torch.mul(grad, self._prescale, out=view)  # copy-in fused with the 1/world scaling
+        else:
+            view.copy_(grad)
+        if grad.data_ptr() != grad_view.data_ptr():
+            p.grad = grad_view  # from now on autograd accumulates into the bucket (no copy next step
+            # unless the optimizer sets grads to None); in bf16 mode the values arrive at finish
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        b, k = self._slot[id(param)]
+        bucket = self.buckets[b]
+        if bucket.ready[k]:
+            raise RuntimeError("a gradient became ready twice in one step: call "
+                               "finish_gradient_synchronization() after every backward")
+        self._stage(bucket, k)
+        bucket.ready[k] = True
+        bucket.n_ready += 1
+        if bucket.n_ready == len(bucket.params):
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].n_ready == len(self.buckets[self._next].params):
+            bucket = self.buckets[self._next]
+            bucket.work = dist.all_reduce(bucket.buffer, op=self._op, async_op=True)
+            self._next += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        present = [p.grad is not None for bucket in self.buckets for p in bucket.params]
+        for bucket in self.buckets[self._next:]:
+            for k in range(len(bucket.params)):
+                if not bucket.ready[k]:
+                    self._stage(bucket, k)
+                    bucket.ready[k] = True
+                    bucket.n_ready += 1
+        self._launch_ready()
+        counts = iter(_ranks_with_grad(present, self._device))
+        for bucket in self.buckets:
+            bucket.work.wait()
+            if bucket.grad_buffer is not bucket.buffer:
+                bucket.grad_buffer.copy_(bucket.buffer)  # bf16 average -> the parameters' dtype
+            for p, grad_view in zip(bucket.params, bucket.grad_views):
+                p.grad = grad_view if next(counts) > 0 else None
+            bucket.reset()
+        self._next = 0

@@ -1,0 +1,281 @@
+"""The one launcher for multi-process work: torchrun starts the processes, this module runs a job on them.
+
+`run(target, kwargs, world_size=N, backend=...)` runs the job function `target` ("module:function",
+called as `function(ctx, **kwargs)` with a `RankContext`) on every rank of a process group:
+
+- Not under torchrun: re-executes through `python -m torch.distributed.run --standalone
+  --nproc-per-node N -m lmsys.distributed.launch SPEC` as a subprocess (torchrun picks a free port).
+  Rank 0 writes the job's return value as JSON to a temporary file and the parent returns it, so the
+  parent renders with the one renderer. A rank that raises writes its error next to it; the parent
+  raises `RankFailedError` naming the first rank that failed (or re-raises a user error as LmsysError).
+- Under torchrun (RANK and WORLD_SIZE set, e.g. a multi-node `torchrun --nnodes ... -m lmsys ...`):
+  joins that group, runs the job in this process and returns the result on rank 0, None elsewhere.
+
+Backends: gloo with CPU tensors; nccl with one GPU per rank, chosen by LOCAL_RANK. The process group
+gets a timeout (LMSYS_DIST_TIMEOUT_S, default 600 s), so a collective waiting on a dead rank ends with
+an error; torchrun also stops the surviving ranks as soon as one exits with an error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from lmsys.core.errors import LmsysError
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_TIMEOUT_S = 600.0
+ENV_TIMEOUT = "LMSYS_DIST_TIMEOUT_S"
+
+
+class RankFailedError(RuntimeError):
+    """A rank of a launched job failed (its exception, or it died); carries that rank's message."""
+
+    def __init__(self, message: str, *, rank: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.rank = rank
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a job needs to know about its place in the group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: Any  # torch.device: cuda:LOCAL_RANK for nccl, cpu for gloo
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# ---------------------------------------------------------------------------------------- validation
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_backend(name: Optional[str]) -> str:
+    """None or 'auto' -> nccl when a GPU is visible, else gloo; anything else must be a known backend."""
+    import torch
+
+    if name is None or name == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if name not in BACKENDS:
+        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+    return name
+
+
+def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
+    """The world sizes to run. Under torchrun only the group's own size is possible."""
+    if under_torchrun():
+        actual = int(os.environ["WORLD_SIZE"])
+        if requested and requested != [actual]:
+            raise LmsysError(f"--world-size {','.join(map(str, requested))} does not match torchrun's "
+                             f"WORLD_SIZE={actual}", hint="under torchrun, leave --world-size out")
+        return [actual]
+    return requested or [default]
+
+
+def check_launch(backend: str, world_sizes: list[int]) -> None:
+    """User errors before anything starts: nccl needs CUDA and one GPU per local rank."""
+    import torch
+
+    if backend not in BACKENDS:
+        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    for n in world_sizes:
+        if n < 1:
+            raise LmsysError(f"--world-size must be >= 1, got {n}")
+    if backend != "nccl":
+        return
+    if not torch.cuda.is_available():
+        raise LmsysError("--backend nccl needs CUDA GPUs, and PyTorch sees none", hint="use --backend gloo")
+    visible = torch.cuda.device_count()
+    if under_torchrun():
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        if local > visible:
+            raise LmsysError(f"nccl: {local} ranks on this node but only {visible} GPU(s) visible")
+        return
+    if max(world_sizes) > visible:
+        raise LmsysError(f"--world-size {max(world_sizes)} with nccl needs {max(world_sizes)} GPUs; "
+                         f"{visible} visible", hint="one rank per GPU; use --backend gloo for CPU processes")
+
+
+def timeout_seconds() -> float:
+    text = os.environ.get(ENV_TIMEOUT)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise LmsysError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise LmsysError(f"{ENV_TIMEOUT} must be positive, got {text}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+def run(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
+    """Run `target(ctx, **kwargs)` on `world_size` ranks; rank 0's return value (JSON-able), or None on
+    the other ranks when this process already is a torchrun worker."""
+    if under_torchrun():
+        return run_in_group(target, kwargs, backend=backend)
+    return _launch(target, kwargs, world_size=world_size, backend=backend)
+
+
+def run_in_group(target: str, kwargs: dict, *, backend: str) -> Any:
+    """Join (or reuse) the process group, run the job, return its value on rank 0 and None elsewhere."""
+    import torch.distributed as dist
+
+    owns_group = not dist.is_initialized()
+    ctx = init_group(backend) if owns_group else current_context(backend)
+    result = _resolve(target)(ctx, **kwargs)
+    if owns_group:
+        dist.destroy_process_group()
+    return result if ctx.is_main else None
+
+
+def init_group(backend: str) -> RankContext:
+    """init_process_group from torchrun's environment (env://), with a timeout; nccl binds LOCAL_RANK's GPU."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on the lent machines
+    ctx = current_context(backend, initialised=False)
+    timeout = timedelta(seconds=timeout_seconds())
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=ctx.device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    return ctx
+
+
+def current_context(backend: str, *, initialised: bool = True) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    if initialised:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    return RankContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=device)
+
+
+def barrier(ctx: RankContext) -> None:
+    import torch.distributed as dist
+
+    if ctx.backend == "nccl":
+        dist.barrier(device_ids=[ctx.local_rank])
+    else:
+        dist.barrier()
+
+
+def _resolve(target: str):
+    module_name, _, func_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def child_environment(backend: str, world_size: int) -> dict[str, str]:
+    """The environment torchrun and its workers get: lmsys importable, threads split, NVLS off."""
+    import lmsys
+
+    env = dict(os.environ)
+    src = str(Path(lmsys.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    # torchrun would set 1 and warn; give each rank its share of the cores instead.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    return env
+
+
+def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
+    with tempfile.TemporaryDirectory(prefix="lmsys-run-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        result_path = Path(tmp) / "result.json"
+        spec = {"target": target, "kwargs": kwargs, "backend": backend, "result": str(result_path)}
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={world_size}", "--monitor-interval=0.1",
+               "-m", "lmsys.distributed.launch", str(spec_path)]
+        proc = subprocess.run(cmd, env=child_environment(backend, world_size))
+        if proc.returncode != 0:
+            raise _failure(Path(tmp), proc.returncode, world_size)
+        if not result_path.exists():
+            raise RankFailedError("the job ended without rank 0 writing its result", rank=0)
+        return json.loads(result_path.read_text())
+
+
+def _failure(tmp: Path, returncode: int, world_size: int) -> Exception:
+    """The first rank's error (by time); a user error comes back as LmsysError. Ranks that left no
+    report died silently (a signal, os._exit) or were stopped by torchrun after another rank failed."""
+    errors = []
+    for path in tmp.glob("result.json.rank*.error"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    silent = sorted(set(range(world_size)) - {e["rank"] for e in errors})
+    if not errors:
+        return RankFailedError(f"a rank died without reporting an error (torchrun exit code {returncode}); "
+                               "see its output above")
+    first = min(errors, key=lambda e: e["time"])
+    if first.get("user_error"):
+        return LmsysError(first["message"], hint=first.get("hint"))
+    message = f"rank {first['rank']} failed: {first['type']}: {first['message']}"
+    if silent:
+        message += (f" (no report from rank {', '.join(map(str, silent))}: it died, or torchrun stopped it "
+                    "after the failure)")
+    return RankFailedError(message, rank=first["rank"])
+
+
+def worker_main(argv: list[str]) -> None:
+    """Entry point of each torchrun worker: run the job, rank 0 writes the result, a failure is recorded."""
+    spec = json.loads(Path(argv[0]).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = run_in_group(spec["target"], spec["kwargs"], backend=spec["backend"])
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the worker exits
+        record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
+                  "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None)}
+        error_path = Path(f"{spec['result']}.rank{rank}.error")
+        tmp_path = error_path.with_name(error_path.name + ".tmp")
+        tmp_path.write_text(json.dumps(record))
+        os.replace(tmp_path, error_path)
+        if isinstance(exc, LmsysError):
+            print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
+        else:
+            print(f"[rank {rank}] " + "".join(traceback.format_exception(exc)), file=sys.stderr, end="")
+        sys.stderr.flush()
+        os._exit(1)  # no process-group teardown: it could wait on the ranks that are gone
+    if rank == 0:
+        path = Path(spec["result"])
+        tmp_path = path.with_name(path.name + ".tmp")
+        tmp_path.write_text(json.dumps(result))
+        os.replace(tmp_path, path)
+
+
+if __name__ == "__main__":
+    from lmsys.distributed import launch as _launch_module  # one copy of this module's classes
+
+    _launch_module.worker_main(sys.argv[1:])
