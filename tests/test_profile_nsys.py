@@ -310,3 +310,27 @@ def test_a_failing_nsys_without_report_is_exit_2(lmsys, monkeypatch, tmp_path):
     monkeypatch.setenv("NSYS", str(script))
     r = lmsys("profile", "nsys", "--out-dir", str(tmp_path), "--", "true")
     assert r.code == 2 and "exit 3" in r.err and "cannot open the target" in r.err
+
+
+def test_the_target_process_runs_a_spec_and_reports_its_status(tmp_path):
+    """What nsys runs: on a CPU the same steps without a capture window; errors land in the result."""
+    import subprocess
+
+    from lmsys.model.config import PRESETS
+
+    cfg = PRESETS["tiny"].with_overrides(context_length=16, num_layers=1).as_dict()
+    spec = {"config": cfg, "batch_size": 1, "dtype": "fp32", "mode": "train", "warmup": 1, "steps": 1,
+            "device": "cpu", "result": str(tmp_path / "ok.json")}
+    (tmp_path / "ok.spec.json").write_text(json.dumps(spec))
+    env = nsys._child_env()
+    run = subprocess.run([sys.executable, "-m", "lmsys.profiling.nsys_target", str(tmp_path / "ok.spec.json")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "ok.json").read_text()) == {"status": "ok"}
+    bad = dict(spec, config=dict(cfg, num_heads=3), result=str(tmp_path / "bad.json"))  # 128 % 3 != 0
+    (tmp_path / "bad.spec.json").write_text(json.dumps(bad))
+    run = subprocess.run([sys.executable, "-m", "lmsys.profiling.nsys_target", str(tmp_path / "bad.spec.json")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    result = json.loads((tmp_path / "bad.json").read_text())
+    assert run.returncode == 2 and result["status"] == "error" and "num_heads" in result["error"]
+    assert run.stderr.startswith("error:")

@@ -19,6 +19,7 @@ def run(spec: dict) -> None:
 
     from lmsys.bench.step import Workload, build_train_step, random_batch
     from lmsys.core.devices import resolve_device
+    from lmsys.core.timing import synchronize
     from lmsys.model.config import ModelConfig
     from lmsys.profiling import nvtx
     from lmsys.profiling.phases import WARMUP, run_step
@@ -29,14 +30,17 @@ def run(spec: dict) -> None:
     inputs, targets = random_batch(workload, device)
     mode = spec["mode"]
 
+    cuda = device.type == "cuda"  # (a CPU run does the same steps with no capture: for tests)
     for _ in range(spec["warmup"]):  # before the capture window; marked WARMUP for whole-run captures
         run_step(step, inputs, targets, mode=mode, range_fn=lambda _phase: nvtx.range(WARMUP))
-    torch.cuda.synchronize(device)
-    torch.cuda.profiler.start()  # cudaProfilerStart: nsys starts recording here
+    synchronize(device)
+    if cuda:
+        torch.cuda.profiler.start()  # cudaProfilerStart: nsys starts recording here
     for _ in range(spec["steps"]):
         run_step(step, inputs, targets, mode=mode, range_fn=lambda name: nvtx.range(name, synchronize=True))
-    torch.cuda.synchronize(device)
-    torch.cuda.profiler.stop()  # cudaProfilerStop: and stops here
+    synchronize(device)
+    if cuda:
+        torch.cuda.profiler.stop()  # cudaProfilerStop: and stops here
 
 
 def main(argv: list[str] | None = None) -> int:
