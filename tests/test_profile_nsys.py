@@ -119,6 +119,14 @@ def test_profile_command_captures_only_the_measured_steps():
     assert "--format=csv" in stats and "--output=/o/r_stats" in stats and stats[-1] == "r.nsys-rep"
 
 
+def test_optional_flags_this_nsys_lacks_are_left_out():
+    cmd = nsys.profile_command("nsys", ["app", "--sample=x"], output=Path("r"), capture_profiler_api=True)
+    kept = nsys.drop_unsupported(cmd[:-2], {"--trace", "--output", "--sample"}) + cmd[-2:]
+    assert "--cpuctxsw=none" not in kept and "--stats=false" not in kept and "--sample=none" in kept
+    assert "--capture-range=cudaProfilerApi" in kept and kept[-2:] == ["app", "--sample=x"]  # the app's own args
+    assert nsys.drop_unsupported(cmd, None) == cmd
+
+
 # ---------------------------------------------------------------------------- parsers: exact tables
 
 
@@ -254,8 +262,9 @@ def test_a_command_after_dashdash_is_profiled_whole_and_rendered(lmsys, fake_nsy
     assert {row["range"] for row in docs[0]["rows"]} >= {"FWD_STEP", "BWD_STEP", "OPTIM_STEP"}
     assert "nsys report:" in r.err and (out / f"nsys_{Path(sys.executable).name}.nsys-rep").is_file()
     argv = [json.loads(line) for line in fake_nsys.read_text().splitlines()]
-    profile = next(a for a in argv if a[0] == "profile")
+    profile = next(a for a in argv if a[0] == "profile" and a[1] != "--help")
     assert profile[-3:] == [sys.executable, "-c", "print('hello from the app')"]
+    assert "--cpuctxsw=none" not in profile and "--sample=none" in profile  # as this nsys's --help lists
     assert not any(a.startswith("--capture-range") for a in profile)
 
 
@@ -267,7 +276,7 @@ def test_profile_e2e_runs_the_target_under_a_capture_range(fake_nsys, tmp_path):
     spec = json.loads((tmp_path / "run.spec.json").read_text())
     assert spec["config"]["d_model"] == 128 and spec["steps"] == 2 and spec["warmup"] == 1
     argv = [json.loads(line) for line in fake_nsys.read_text().splitlines()]
-    profile = next(a for a in argv if a[0] == "profile")
+    profile = next(a for a in argv if a[0] == "profile" and a[1] != "--help")
     assert "--capture-range=cudaProfilerApi" in profile and "lmsys.profiling.nsys_target" in profile
     stats = [a for a in argv if a[0] == "stats"]
     assert len(stats) == 2 and "--report=cuda_gpu_trace" in stats[1]  # the phase windows

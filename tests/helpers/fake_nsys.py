@@ -1,5 +1,6 @@
 """A stand-in for `nsys` in CPU tests: it behaves like nsys at the file level, nothing more.
 
+  profile --help: lists the options of an nsys without --cpuctxsw.
   profile: records its argv, runs a `--` application (except lmsys's own target, whose result file it
            writes as a finished run would), then writes OUTPUT.nsys-rep, or only OUTPUT.qdstrm
            (FAKE_NSYS_MODE=qdstrm, printing FAKE_NSYS_QDSTRM_TEXT's content as the importer's error).
@@ -29,6 +30,10 @@ def main(args):
             f.write(json.dumps(args) + "\n")
     if args[:1] == ["--version"]:
         print("NVIDIA Nsight Systems version 2025.3.1.90-fake")
+        return 0
+    if args == ["profile", "--help"]:  # an nsys without --cpuctxsw, so that the caller drops it
+        print("usage: nsys profile [<args>] [application] [<application args>]\n"
+              "  --trace=  --output=  --force-overwrite=  --stats=  --sample=  --capture-range=  --capture-range-end=")
         return 0
     if args[:1] == ["profile"]:
         rest = args[1:]

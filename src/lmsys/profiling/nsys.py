@@ -99,6 +99,26 @@ def profile_command(nsys: str, app: list[str], *, output: Path, trace: str = DEF
     return cmd + list(extra or []) + list(app)
 
 
+OPTIONAL_PROFILE_FLAGS = ("--stats", "--sample", "--cpuctxsw")
+
+
+def supported_flags(nsys: str) -> set[str] | None:
+    """The long options `nsys profile --help` lists (None when the help cannot be read)."""
+    try:
+        proc = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = set(re.findall(r"(--[a-z][a-z0-9-]+)", proc.stdout + proc.stderr))
+    return found or None
+
+
+def drop_unsupported(cmd: list[str], supported: set[str] | None) -> list[str]:
+    """Leave out the optional flags this nsys does not know (they only trim the report)."""
+    if supported is None:
+        return cmd
+    return [c for c in cmd if c.split("=", 1)[0] not in OPTIONAL_PROFILE_FLAGS or c.split("=", 1)[0] in supported]
+
+
 def stats_command(nsys: str, report: Path, *, base: Path, reports: tuple[str, ...] = STATS_REPORTS) -> list[str]:
     """`nsys stats` writing one CSV per report: `base`_<report>.csv."""
     return [nsys, "stats", *(f"--report={r}" for r in reports), "--format=csv", f"--output={base}",
@@ -402,6 +422,8 @@ def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str,
         stale.unlink(missing_ok=True)
     cmd = profile_command(nsys, app, output=output, trace=trace, capture_profiler_api=capture_profiler_api,
                           extra=extra)
+    n_app = len(app)
+    cmd = drop_unsupported(cmd[:-n_app], supported_flags(nsys)) + cmd[-n_app:]
     run = run_profile(cmd, output=output, env=_child_env(), log=log)
     if result_file is not None:
         import json
