@@ -42,13 +42,13 @@ if [ -n "$IMPORTER" ]; then
   echo "ldd with the .debs:"; ldd "$IMPORTER" | grep -i "not found" || echo "  (nothing missing)"
 fi
 
-echo "== 1a. nsys fixture run (also: small at context 128)"
-FIX="profile nsys --size small --context-length 128 --batch-size 4 --warmup 2 --steps 3 --annotate-attention"
+echo "== 1a. nsys fixture run (tiny, default --trace)"
+FIX="profile nsys --size tiny --context-length 128 --batch-size 4 --warmup 2 --steps 2 --annotate-attention"
 echo "#### \`lmsys $FIX\`" >> "$OUT/profile_nsys.md"
 L $FIX --out-dir "$W/nsys" -f md | tee -a "$OUT/profile_nsys.md"
 ls -la "$W/nsys"
 for r in nvtx_sum nvtx_kern_sum cuda_gpu_kern_sum cuda_api_sum nvtx_pushpop_trace cuda_gpu_trace; do
-  f=$(ls "$W"/nsys/nsys_small_ctx128_*${r}*.csv 2>/dev/null | head -1)
+  f=$(ls "$W"/nsys/nsys_tiny_ctx128_*${r}*.csv 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$W/fixtures/nsys/${r}.csv" || echo "!! no CSV for $r"
 done
 {
@@ -56,7 +56,7 @@ done
   echo "$(date -u +%F), $(nvidia-smi -L | head -1), $("$NSYS_BIN" --version), $(python3 -c 'import torch; print("torch", torch.__version__)')"; echo
   echo '```'; echo "PYTHONPATH=src python3 -m lmsys $FIX --out-dir \$DIR"; echo '```'; echo
   echo "which ran (from the run's log; each stats report's CSV was copied here as <report>.csv):"; echo
-  echo '```'; grep '^\$ ' "$W"/nsys/nsys_small_ctx128_*.log; echo '```'
+  echo '```'; grep '^\$ ' "$W"/nsys/nsys_tiny_ctx128_*.log; echo '```'
 } > "$W/fixtures/nsys/COMMAND.md"
 
 echo "== 1b. memory fixture (tiny)"
@@ -85,25 +85,31 @@ cp -r "$W"/fixtures/* tests/fixtures/
 timeout "$(budget 150)" python3 -m pytest -q -rs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
   tests/test_profile_memory.py 2>&1 | tail -25
 
-echo "== 2a. nvtx_sum, top forward kernel, attention split: small and large at 128/256/512 [$(elapsed)s]"
-for run in "small 256" "small 512" "large 128" "large 256" "large 512"; do
+mem() {  # mem DTYPE MODE: the context sweep of large
+  local Q="profile memory --size large --context-length 128,256,512 --batch-size 4 --dtype $1 --mode $2 --steps 2"
+  echo "#### \`lmsys $Q\`" >> "$OUT/profile_memory.md"
+  T=200 L $Q --out-dir "$W/mem" -f md | tee -a "$OUT/profile_memory.md"
+}
+echo "== 2a. memory of large, train step: contexts 128/256/512, fp32 vs bf16 [$(elapsed)s]"
+mem fp32 train
+mem bf16 train
+
+echo "== 2b. nvtx_sum, top forward kernel, attention split: small and large at 128/256/512 [$(elapsed)s]"
+# (--trace cuda,nvtx: the questions need no osrt/cuBLAS rows, and the reports import faster)
+for run in "small 128" "small 256" "small 512" "large 128" "large 256" "large 512"; do
   set -- $run
-  Q="profile nsys --size $1 --context-length $2 --batch-size 4 --warmup 2 --steps 3 --annotate-attention"
+  Q="profile nsys --size $1 --context-length $2 --batch-size 4 --warmup 2 --steps 3 --annotate-attention --trace cuda,nvtx"
   echo "#### \`lmsys $Q\`" >> "$OUT/profile_nsys.md"
   L $Q --out-dir "$W/nsys" -f md | tee -a "$OUT/profile_nsys.md"
 done
 
-echo "== 2b. memory of large: contexts 128/256/512, fp32 vs bf16, forward and train step [$(elapsed)s]"
-for run in "fp32 train" "bf16 train" "fp32 fwd" "bf16 fwd"; do
-  set -- $run
-  Q="profile memory --size large --context-length 128,256,512 --batch-size 4 --dtype $1 --mode $2 --steps 2"
-  echo "#### \`lmsys $Q\`" >> "$OUT/profile_memory.md"
-  T=200 L $Q --out-dir "$W/mem" -f md | tee -a "$OUT/profile_memory.md"
-done
+echo "== 2c. memory of large, forward only [$(elapsed)s]"
+mem fp32 fwd
+mem bf16 fwd
 P="$W/mem/memory_large_ctx512_b4_fp32_train.pickle"
 if [ -f "$P" ]; then
-  echo "#### \`lmsys profile memory --snapshot memory_large_ctx512_b4_fp32_train.pickle\` (rendered from the run above)" >> "$OUT/profile_memory.md"
-  L profile memory --snapshot "$P" --out-dir "$W/mem/detail" --top 12 -f md | tee -a "$OUT/profile_memory.md"
+  echo "#### \`lmsys profile memory --snapshot memory_large_ctx512_b4_fp32_train.pickle --top 12\` (the fp32 train run above)" >> "$OUT/profile_memory.md"
+  T=60 L profile memory --snapshot "$P" --out-dir "$W/mem/detail" --top 12 -f md | tee -a "$OUT/profile_memory.md"
   cp "$W/mem/memory_large_ctx512_b4_fp32_train.png" "$OUT/memory_large_ctx512_fp32_train.png"
 fi
 ls -la "$W/mem"

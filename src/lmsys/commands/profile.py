@@ -223,6 +223,7 @@ def memory(
         timeline = lib.analyze(cap.snapshot, cap.device_index)
         title = f"{name} · context {cfg.context_length} · batch {batch_size} · {dtype} · {mode}: allocated memory"
         png = lib.render_png(timeline, out_dir / f"{base}.png", title=title)
+        cap.snapshot = None  # written and analysed: free it before the next context
         results.append((cfg, cap, timeline, pickle, png))
 
     name = configs[0][0]
