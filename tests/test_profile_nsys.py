@@ -59,6 +59,7 @@ def test_find_nsys_order_explicit_then_path_then_globs(tmp_path):
     on_path = exe(tmp_path / "bin" / "nsys")
     old = exe(tmp_path / "opt" / "nsight-systems" / "2024.1" / "target-linux-x64" / "nsys")
     new = exe(tmp_path / "opt" / "nsight-systems" / "2025.3" / "target-linux-x64" / "nsys")
+    exe(tmp_path / "opt" / "nsight-systems" / "2025.3" / "target" / "qnx-arm" / "nsys")  # not this host's CLI
     globs = (str(tmp_path / "opt" / "nsight-*" / "**" / "nsys"),)
     assert nsys.find_nsys({"NSYS": explicit, "PATH": str(Path(on_path).parent)}, globs) == explicit
     assert nsys.find_nsys({"PATH": str(Path(on_path).parent)}, globs) == on_path

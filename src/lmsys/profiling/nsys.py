@@ -55,6 +55,13 @@ def _is_exe(path: str | Path) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
+def _install_rank(path: str) -> tuple[int, str]:
+    """Prefer the CLI's usual homes (<install>/target-linux-x64/nsys, .../bin/nsys), then the newest
+    version (the larger path, e.g. 2025.3.1 over 2024.6.2)."""
+    parent = Path(path).parent.name
+    return (2 if parent in ("target-linux-x64", "bin") else 1 if parent.startswith("target-linux") else 0, path)
+
+
 def find_nsys(env: dict | None = None, search_globs: tuple[str, ...] | None = None) -> str:
     """$NSYS (when set, it must be nsys), then PATH, then the usual install places."""
     env = os.environ if env is None else env
@@ -67,9 +74,9 @@ def find_nsys(env: dict | None = None, search_globs: tuple[str, ...] | None = No
     if on_path:
         return on_path
     for pattern in SEARCH_GLOBS if search_globs is None else search_globs:
-        hits = sorted((p for p in glob.glob(pattern, recursive=True) if _is_exe(p)), reverse=True)
+        hits = [p for p in glob.glob(pattern, recursive=True) if _is_exe(p)]
         if hits:
-            return hits[0]
+            return max(hits, key=_install_rank)
     raise LmsysError(
         "nsys (Nsight Systems) not found in $NSYS, PATH, /opt/nvidia/nsight-*/**/nsys or /usr/local/cuda/bin; "
         "use --engine torch (torch.profiler), or set NSYS=/path/to/nsys"
@@ -131,6 +138,8 @@ def _run(cmd: list[str], *, env: dict | None = None, log: Path | None = None, ti
                               timeout=timeout, errors="replace")
     except OSError as exc:
         raise LmsysError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+    except subprocess.TimeoutExpired:
+        raise LmsysError(f"{Path(cmd[0]).name} did not finish within {timeout:.0f} s") from None
     if log is not None:
         with open(log, "a") as f:
             f.write(f"$ {shlex.join(cmd)}\n{proc.stdout}\n[exit {proc.returncode}]\n\n")
@@ -188,11 +197,13 @@ def find_importer(nsys: str) -> str | None:
 def importer_failure(run: ProfileRun, nsys: str) -> LmsysError:
     """The error for 'nsys left only a .qdstrm': name the library its importer could not load."""
     libs = missing_libraries(run.output)
-    importer = None
     if not libs:
         importer = find_importer(nsys)
         if importer and shutil.which("ldd"):
-            libs = missing_libraries(_run(["ldd", importer], timeout=60).stdout)
+            try:
+                libs = missing_libraries(_run(["ldd", importer], timeout=60).stdout)
+            except LmsysError:
+                libs = []
     where = run.qdstrm.name if run.qdstrm else "a .qdstrm"
     if libs:
         why = f"its importer cannot load {', '.join(libs)}"
