@@ -37,7 +37,8 @@ def allreduce_job(ctx: RankContext, *, sizes: list[int], labels: list[str], dtyp
                                   baseline=baseline)
     meta = environment(ctx.device)
     if ctx.backend == "nccl":
-        meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # a tuple on recent torch, an int (e.g. 21803) on old ones
+        meta["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return {"rows": rows, "meta": meta}
 
 

@@ -61,13 +61,32 @@ def _averaging_op() -> tuple[dist.ReduceOp, Optional[float]]:
     return dist.ReduceOp.SUM, 1.0 / dist.get_world_size()
 
 
-def _ranks_with_grad(present: list[bool], device) -> list[int]:
-    """How many ranks hold a gradient, per parameter (one small all-reduce)."""
-    if not present:
-        return []
-    flags = torch.tensor(present, dtype=torch.int32, device=device)
-    dist.all_reduce(flags)
-    return flags.tolist()
+def presence_flags(present: list[bool], *, dtype, device) -> torch.Tensor:
+    """1 where this rank has a gradient, else 0, built on the device: `torch.tensor(list, device=cuda)`
+    would be a blocking copy that waits for all queued work (the whole backward)."""
+    flags = torch.ones(len(present), dtype=dtype, device=device)
+    for i, here in enumerate(present):
+        if not here:
+            flags[i] = 0
+    return flags
+
+
+class GradPresence:
+    """Which parameters have a gradient on at least one rank (one small all-reduce of flags). Every rank
+    takes part; the result is read on the host (a synchronisation) only when this rank lacks a gradient,
+    since a gradient present here is present somewhere."""
+
+    def __init__(self, present: list[bool], device):
+        self.present = present
+        self.flags = presence_flags(present, dtype=torch.int32, device=device)
+        self.work = dist.all_reduce(self.flags, async_op=True) if present else None
+
+    def anywhere(self) -> list[bool]:
+        if self.work is not None:
+            self.work.wait()
+        if all(self.present):
+            return [True] * len(self.present)
+        return [count > 0 for count in self.flags.tolist()]
 
 
 class _DataParallel(nn.Module):
@@ -98,15 +117,16 @@ class NaiveDDP(_DataParallel):
     """One blocking all-reduce per parameter, after backward."""
 
     def finish_gradient_synchronization(self) -> None:
-        counts = _ranks_with_grad([p.grad is not None for p in self._params], self._device)
-        for p, count in zip(self._params, counts):
-            if count == 0:
-                continue
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        present = [p.grad is not None for p in self._params]
+        for p in self._params:
+            if p.grad is None:  # no gradient here this step: take part with zeros
+                p.grad = torch.zeros_like(p)
             if self._prescale is not None:
-                grad.mul_(self._prescale)
-            dist.all_reduce(grad, op=self._op)
-            p.grad = grad
+                p.grad.mul_(self._prescale)
+            dist.all_reduce(p.grad, op=self._op)
+        for p, anywhere in zip(self._params, GradPresence(present, self._device).anywhere()):
+            if not anywhere:
+                p.grad = None
 
 
 class FlatDDP(_DataParallel):
@@ -122,7 +142,7 @@ class FlatDDP(_DataParallel):
         for i, (dtype, params) in enumerate(groups.items()):
             parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
             if i == 0:  # flags: 1 per parameter present here; after the sum, >0 means some rank had one
-                parts.append(torch.tensor(present, dtype=dtype, device=self._device))
+                parts.append(presence_flags(present, dtype=dtype, device=self._device))
             flat = torch.cat(parts)
             if self._prescale is not None:
                 flat.mul_(self._prescale)  # flags too: they only need to stay > 0
@@ -131,8 +151,10 @@ class FlatDDP(_DataParallel):
             dist.all_reduce(flat, op=self._op)
         if not flats:
             return
-        first = flats[0]
-        any_rank = (first[first.numel() - len(present):] > 0).tolist()
+        if all(present):  # present here, so present somewhere: no need to read the flags
+            any_rank = [True] * len(present)
+        else:
+            any_rank = (flats[0][flats[0].numel() - len(present):] > 0).tolist()
         used = dict(zip(map(id, self._params), any_rank))
         for flat, params in zip(flats, groups.values()):
             offset = 0
@@ -188,10 +210,10 @@ class OverlapDDP(_DataParallel):
         present = [p.grad is not None for p in self._order]
         self._ready = [True] * len(self._order)  # whatever is left goes now, in order
         self._launch_ready()
-        counts = _ranks_with_grad(present, self._device)
-        for p, work, count in zip(self._order, self._works, counts):
+        anywhere = GradPresence(present, self._device).anywhere()
+        for p, work, used in zip(self._order, self._works, anywhere):
             work.wait()
-            if count == 0:
+            if not used:
                 p.grad = None
         self._reset()
 
@@ -324,12 +346,12 @@ class BucketedDDP(_DataParallel):
                     bucket.ready[k] = True
                     bucket.n_ready += 1
         self._launch_ready()
-        counts = iter(_ranks_with_grad(present, self._device))
+        anywhere = iter(GradPresence(present, self._device).anywhere())
         for bucket in self.buckets:
             bucket.work.wait()
             if bucket.grad_buffer is not bucket.buffer:
                 bucket.grad_buffer.copy_(bucket.buffer)  # bf16 average -> the parameters' dtype
             for p, grad_view in zip(bucket.params, bucket.grad_views):
-                p.grad = grad_view if next(counts) > 0 else None
+                p.grad = grad_view if next(anywhere) else None
             bucket.reset()
         self._next = 0

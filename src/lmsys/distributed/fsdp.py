@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.distributed.ddp import broadcast_module_state
+from lmsys.distributed.ddp import broadcast_module_state, presence_flags
 
 __all__ = ["FSDP"]
 
@@ -64,8 +64,11 @@ class _ShardedParam:
     def reduce_scatter_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
         """Full-weight gradient (any float dtype) -> this rank's shard of the average over ranks (fp32)."""
         grad = grad_full.to(self.shard.dtype)
-        padded = grad.new_zeros((self.rows_per_rank * self.world, *self.shape[1:]))
-        padded[:self.rows] = grad
+        if self.rows_per_rank * self.world == self.rows:
+            padded = grad.contiguous()
+        else:
+            padded = grad.new_zeros((self.rows_per_rank * self.world, *self.shape[1:]))
+            padded[:self.rows] = grad
         out = grad.new_empty((self.rows_per_rank, *self.shape[1:]))
         _reduce_scatter(out, padded)
         return out.div_(self.world)
@@ -182,14 +185,17 @@ class FSDP(nn.Module):
         device = params[0].device
         present = [p.grad is not None for p in params]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in params] + [torch.tensor(present, dtype=torch.float32, device=device)])
+                          for p in params] + [presence_flags(present, dtype=torch.float32, device=device)])
         dist.all_reduce(flat)
-        counts = flat[flat.numel() - len(params):].tolist()
+        if all(present):  # present here, so present somewhere
+            anywhere = [True] * len(params)
+        else:
+            anywhere = (flat[flat.numel() - len(params):] > 0).tolist()
         flat.div_(self.world_size)
         offset = 0
-        for p, count in zip(params, counts):
+        for p, used in zip(params, anywhere):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if count > 0 else None
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if used else None
             offset += n
 
     @torch.no_grad()

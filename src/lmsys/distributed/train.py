@@ -90,17 +90,17 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
     if ctx.is_main:  # one process: the 1-GPU step time, then the full-batch parity reference
         batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
         row, _ = single_process_run(config, batches, device=ctx.device, dtype=dtype, warmup=warmup,
-                                    seed=seed, label=f"1 process, batch {batch_size}")
+                                    seed=seed, label=f"1 process, batch {batch_size}", keep_params=False)
         rows.append(row)
         single_ms = row["ms/step"]
         batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
         _, reference = single_process_run(config, batches, device=ctx.device, dtype=dtype, warmup=warmup,
-                                          seed=seed, label="reference")
+                                          seed=seed, label="reference", keep_params=True)
         del batches
     barrier(ctx)
 
     batches = [_to(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
-    for spec in map(lambda r: RunSpec(**r), runs):
+    for spec in (RunSpec(**r) for r in runs):
         row = strategy_run(ctx, config, spec, batches, dtype=dtype, warmup=warmup,
                            shard_optimizer=shard_optimizer, seed=seed, reference=reference, single_ms=single_ms)
         if ctx.is_main:
@@ -161,15 +161,19 @@ def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) ->
     return timer
 
 
-def single_process_run(config, batches, *, device, dtype, warmup, seed, label):
-    """(row, final parameters on the host)."""
+def single_process_run(config, batches, *, device, dtype, warmup, seed, label, keep_params: bool):
+    """(row, final parameters on the host, or None)."""
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
     optimizer = make_optimizer(model.parameters(), sharded=False)
     timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
     peak = peak_memory(device)
-    params = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+    pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
+    params = None
+    if keep_params:
+        params = {name: (p.detach().cpu().pin_memory() if pin else p.detach().clone())
+                  for name, p in model.named_parameters()}
     del model, optimizer
     free_memory(device)
     stats = timer.stats()
@@ -190,9 +194,10 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
     peak = _max_over_ranks(ctx, peak_memory(ctx.device))
     final = final_parameters(wrapped, spec)
     parity = None
-    if ctx.is_main:
-        parity = max((final[name].to("cpu").float() - ref.float()).abs().max().item()
-                     for name, ref in reference.items())
+    if ctx.is_main:  # on the device, one synchronisation at the end
+        diffs = [(final[name].float() - ref.to(ctx.device, non_blocking=True).float()).abs().max()
+                 for name, ref in reference.items()]
+        parity = torch.stack(diffs).max().item()
     del model, wrapped, optimizer, final
     gc.collect()
     free_memory(ctx.device)
