@@ -25,6 +25,7 @@ def test_flash_check_passes_and_covers_every_dtype(lmsys, impl):
     assert len(rows) == 5 and all(row["result"] == "pass" for row in rows)
     assert {row["dtype"] for row in rows} == {"fp32", "fp16", "bf16"}
     assert {row["d"] for row in rows} == set(flash_check.HEAD_DIMS)
+    assert all(flash_check.supported(impl, row["d"], row["dtype"]) for row in rows)
     for row in rows:
         assert 1 <= row["n_q"] <= 40 and 1 <= row["n_k"] <= 40
         assert all(0 <= row[f"{t} err"] <= row["tol"] for t in ("O", "L", "dQ", "dK", "dV"))

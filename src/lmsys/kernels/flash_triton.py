@@ -15,8 +15,9 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
   ([B, S, H, d].transpose(1, 2)) run without a copy; a copy happens only when the leading dims cannot be
   merged or d is not the unit-stride dim.
 
-Limits that hold today: head dim 16, 32, 64, 128 or 256; fp32, fp16 and bf16 inputs (fp32 dots run as
-tf32x3, three TF32 tensor-core products, near-fp32 accuracy); any n_queries and n_keys >= 1; CUDA tensors,
+Limits that hold today: head dim 16, 32, 64, 128, or 256 in fp16/bf16 (fp32 tiles of 256 overflow Hopper's
+shared memory); fp32, fp16 and bf16 inputs (fp32 dots run as tf32x3, three TF32 tensor-core products,
+near-fp32 accuracy); any n_queries and n_keys >= 1; CUDA tensors,
 or CPU tensors under TRITON_INTERPRET=1 (set before this module is imported). Plain pointer loads with
 masks (no block pointers, which newer Triton removed), so one source runs on triton 3.6 and the newest.
 Tile sizes, warps and stages come from triton.autotune, keyed on the lengths, head dim, causality and
@@ -36,6 +37,7 @@ from lmsys.core.errors import LmsysError
 from lmsys.kernels.attention import check_qkv
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
+FP32_HEAD_DIMS = (16, 32, 64, 128)  # d 256 in fp32: no tile fits in shared memory (seen on an H200)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read by Triton when the kernels are decorated
 
@@ -161,13 +163,15 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken.
+# (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken. Chosen from
+# a wider sweep on an H200 (docs/benchmarks/attention.md): the best of each kernel at d 64 and d 128, bf16,
+# causal, seq 16384, then smaller tiles for fp32 and d 256.
 GPU_CONFIGS = {
-    "fwd": [_config(128, 64, 4, 3), _config(128, 64, 8, 3), _config(128, 128, 8, 2), _config(64, 64, 4, 3),
+    "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
             _config(64, 32, 4, 2)],
-    "dkdv": [_config(32, 128, 4, 3), _config(64, 128, 8, 3), _config(64, 64, 4, 3), _config(32, 64, 4, 3),
+    "dkdv": [_config(64, 64, 4, 3), _config(64, 128, 8, 3), _config(32, 128, 4, 3), _config(32, 64, 4, 3),
              _config(32, 32, 4, 2)],
-    "dq": [_config(128, 32, 4, 3), _config(128, 64, 8, 3), _config(64, 64, 4, 3), _config(64, 32, 4, 3),
+    "dq": [_config(64, 128, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 3), _config(64, 32, 4, 3),
            _config(32, 32, 4, 2)],
 }
 # In the interpreter: one small config per kernel (nothing to time), so small test inputs span several
@@ -175,21 +179,27 @@ GPU_CONFIGS = {
 INTERPRETER_CONFIGS = {"fwd": [_config(32, 16, 4, 1)], "dkdv": [_config(16, 32, 4, 1)], "dq": [_config(32, 16, 4, 1)]}
 CONFIGS = INTERPRETER_CONFIGS if INTERPRET else GPU_CONFIGS
 
-SMEM_BYTES = 232448  # shared memory one Hopper/Ampere-class block may use (227 KiB)
+SMEM_BYTES = 232448  # shared memory one block may use on Hopper (H100, H200): 227 KiB
 ACC_PER_THREAD = 128  # float32 accumulator registers per thread above which the kernel spills
 
 
 def _tile_budget(kernel: str):
-    """(accumulator floats, shared-memory bytes) of a config for one kernel, as a function of the tiles."""
+    """(accumulator floats, shared-memory bytes) of a config for one kernel, as a function of the tiles.
+    The probability tile that feeds the second product is staged too, twice for fp32 (tf32x3 splits it
+    into high and low parts): so counted, the estimate matched what triton 3.6 asked for at d 128 in fp32
+    on an H200. At d 256 in fp32 it asked for more than any config's estimate: hence FP32_HEAD_DIMS."""
 
-    def fwd(bm, bn, d, stages, elem):  # acc [BM, d]; q resident, k and v pipelined
-        return bm * d, elem * (bm * d + stages * 2 * bn * d)
+    def staged_p(bm, bn, elem):
+        return bm * bn * (2 if elem == 4 else 1)
 
-    def dkdv(bm, bn, d, stages, elem):  # dk, dv [BN, d]; k, v resident, q and dO pipelined
-        return 2 * bn * d, elem * (2 * bn * d + stages * 2 * bm * d)
+    def fwd(bm, bn, d, stages, elem):  # acc [BM, d]; q resident, k and v pipelined, p staged
+        return bm * d, elem * (bm * d + stages * 2 * bn * d + staged_p(bm, bn, elem))
 
-    def dq(bm, bn, d, stages, elem):  # dq [BM, d]; q, dO resident, k and v pipelined
-        return bm * d, elem * (2 * bm * d + stages * 2 * bn * d)
+    def dkdv(bm, bn, d, stages, elem):  # dk, dv [BN, d]; k, v resident, q and dO pipelined, pᵀ and dsᵀ staged
+        return 2 * bn * d, elem * (2 * bn * d + stages * 2 * bm * d + 2 * staged_p(bm, bn, elem))
+
+    def dq(bm, bn, d, stages, elem):  # dq [BM, d]; q, dO resident, k and v pipelined, ds staged
+        return bm * d, elem * (2 * bm * d + stages * 2 * bn * d + staged_p(bm, bn, elem))
 
     return {"fwd": fwd, "dkdv": dkdv, "dq": dq}[kernel]
 
@@ -429,6 +439,10 @@ def _check_inputs(q, k, v) -> None:
                          f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
     if q.dtype not in DTYPES:
         raise LmsysError(f"flash-triton: dtype {q.dtype} is not supported (float32, float16, bfloat16)")
+    if q.dtype == torch.float32 and q.shape[-1] not in FP32_HEAD_DIMS:
+        raise LmsysError(f"flash-triton: head dim {q.shape[-1]} needs fp16 or bf16 inputs (in fp32 its tiles do not "
+                         f"fit in shared memory; fp32 supports {', '.join(map(str, FP32_HEAD_DIMS))})",
+                         hint="cast to bf16, or use flash-torch or sdpa")
     check_device(q.device)
 
 
