@@ -8,7 +8,8 @@
 # Run from the repo root:  bash scripts/gpu/profile.sh    (PYTHONPATH=src; nothing is installed)
 # $OUT gets: README.md, profile.log, profile_nsys.md, profile_memory.md, fixtures.tar, memory_png.tar,
 #            memory_large_ctx512_fp32_train.png
-ORIG_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+# The library path without the unpacked .debs (even if the caller already added them): for step 1c.
+ORIG_LD_LIBRARY_PATH=$(echo "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v '^/tmp/dw/' | paste -sd: -)
 # nsys's importer needs libdw.so.1, absent from the image (../shared/DEVICE.md): unpack the carried .debs.
 mkdir -p /tmp/dw && for f in .debs/*.deb; do dpkg -x $f /tmp/dw; done; export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH;
 set -u
