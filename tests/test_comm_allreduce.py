@@ -92,3 +92,14 @@ def test_world_size_must_match_torchrun(lmsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     r = lmsys("comm", "allreduce", "--backend", "gloo", "--world-size", "2")
     assert r.code == 2 and "WORLD_SIZE=4" in r.err
+
+
+def test_a_failed_rank_exits_1_with_its_error(lmsys, monkeypatch):
+    from lmsys.distributed import launch
+
+    def failing_run(*args, **kwargs):
+        raise launch.RankFailedError("rank 1 failed: RuntimeError: boom", rank=1)
+
+    monkeypatch.setattr(launch, "run", failing_run)
+    r = lmsys("comm", "allreduce", "--backend", "gloo", "--sizes", "1KB")
+    assert r.code == 1 and r.err.strip() == "error: rank 1 failed: RuntimeError: boom"

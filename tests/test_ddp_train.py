@@ -77,3 +77,14 @@ def test_nccl_world_size_larger_than_visible_gpus(lmsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     r = lmsys("ddp", "train", "--backend", "nccl", "--world-size", "4")
     assert r.code == 2 and "needs 4 GPUs; 2 visible" in r.err
+
+
+def test_a_failed_rank_exits_1_with_its_error(lmsys, monkeypatch):
+    from lmsys.distributed import launch
+
+    def failing_run(*args, **kwargs):
+        raise launch.RankFailedError("rank 0 failed: RuntimeError: boom", rank=0)
+
+    monkeypatch.setattr(launch, "run", failing_run)
+    r = lmsys("ddp", "train", "--backend", "gloo")
+    assert r.code == 1 and r.err.strip() == "error: rank 0 failed: RuntimeError: boom"

@@ -175,8 +175,19 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         # alternate how grads are cleared: set_to_none (the default) and zeroing in place
         opt.zero_grad(set_to_none=step % 2 == 0)
         loss_fn(wrapped, seqs[rank * b:(rank + 1) * b]).backward()
+        if kind in ("overlap", "bucketed"):  # how many all-reduces backward itself launched
+            info["launched_in_backward"] = max(info.get("launched_in_backward", 0), wrapped._next)
         wrapped.finish_gradient_synchronization()
         opt.step()
+    if kind in ("overlap", "bucketed"):  # a second backward before finish is refused, not mis-reduced
+        loss_fn(wrapped, batches[0][rank * b:(rank + 1) * b]).backward()
+        try:
+            loss_fn(wrapped, batches[0][rank * b:(rank + 1) * b]).backward()
+            info["second_backward"] = "accepted"
+        except RuntimeError as exc:
+            info["second_backward"] = str(exc)
+        wrapped.on_train_batch_start()  # drains what the first backward launched
+        opt.zero_grad()
     if kind == "fsdp":
         final = wrapped.gather_full_params()
     else:
@@ -278,6 +289,21 @@ def test_reduced_precision_runs_really_differ_but_stay_close():
         if s["wrap"] in ("bucketed-bf16", "fsdp-fp16"):
             worst = max(results[scenario_id(s)]["diff"].values())
             assert 1e-6 < worst < _tolerance(s), (scenario_id(s), worst)
+
+
+@pytest.mark.slow
+def test_overlap_and_buckets_launch_during_backward_and_refuse_a_second_backward():
+    results = run_world(2)
+    for s in scenarios(2):
+        kind = s["wrap"].split("-")[0]
+        if kind not in ("overlap", "bucketed"):
+            continue
+        infos = results[scenario_id(s)]["info"]
+        # Launched before finish: overlapped with backward. Launches keep one order on every rank, so
+        # what follows `rare` (unused on rank 0 in every step) waits for finish there; rank 1 runs it.
+        assert max(info["launched_in_backward"] for info in infos) > 0, scenario_id(s)
+        for info in infos:
+            assert "ready twice" in info["second_backward"], scenario_id(s)
 
 
 @pytest.mark.slow
