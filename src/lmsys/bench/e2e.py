@@ -30,9 +30,11 @@ def default_size(device) -> str:
 
 def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | None = None,
                     d_model: int | None = None, d_ff: int | None = None, layers: int | None = None,
-                    heads: int | None = None, attn_impl: str = "naive") -> list[tuple[str, ModelConfig]]:
-    """Preset names (or YAML files) with the command-line overrides applied; all validated up front."""
-    from lmsys.kernels.attention import check_impl
+                    heads: int | None = None, attn_impl: str = "naive", attn_fallback: str | None = None,
+                    ) -> list[tuple[str, ModelConfig]]:
+    """Preset names (or YAML files) with the command-line overrides applied; all validated up front.
+    Where `attn_impl` cannot run a configuration's head size, `attn_fallback` (if given) is used instead."""
+    from lmsys.kernels.attention import check_impl, flash_triton_supports
 
     check_impl(attn_impl)
     if context_length < 1:
@@ -41,8 +43,12 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     for name in sizes:
         cfg = get_config(name).with_overrides(
             d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab_size,
-            context_length=context_length, attn_impl=attn_impl,
+            context_length=context_length,
         )
+        impl = attn_impl
+        if attn_fallback and impl == "flash-triton" and not flash_triton_supports(cfg.d_head):
+            impl = attn_fallback
+        cfg = cfg.with_overrides(attn_impl=check_impl(impl, d_head=cfg.d_head))
         out.append((name, cfg))
     return out
 
@@ -52,6 +58,7 @@ def fast_path(device, dtype: str) -> dict:
     cuda = device.type == "cuda"
     return {
         "attn_impl": "flash-triton" if cuda else "sdpa",
+        "attn_fallback": "sdpa",  # for head sizes the Triton kernel does not cover (2.7b: 80)
         "compile": "blocks" if cuda else "none",
         "optimizer": "adamw-fused",
         "master_weights": dtype == "bf16",
@@ -133,11 +140,15 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
     try:
         for row in _measure_config(workload, params, **kw):
             rows.append(row)
-    except Exception as exc:  # noqa: BLE001 - only OOM is swallowed, below
-        if not is_oom(exc):
+    except Exception as exc:  # noqa: BLE001 - OOM and user-level errors mark the row; bugs propagate
+        if is_oom(exc):
+            status = "OOM"
+        elif isinstance(exc, LmsysError):
+            status = f"error: {exc.message}"
+        else:
             raise
         done = {r["mode"] for r in rows}
-        rows += [{"mode": m, "params": params, "status": "OOM"} for m in kw["modes"] if m not in done]
+        rows += [{"mode": m, "params": params, "status": status} for m in kw["modes"] if m not in done]
     free_memory(kw["device"])
     return rows
 

@@ -72,7 +72,8 @@ def e2e(
     options["tf32"] = tf32 or options.get("tf32", False)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
+                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
+                                  attn_fallback=options.pop("attn_fallback", None) if attn is None else None)
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     per_workload = len(modes) * (3 if compare else 1)

@@ -64,6 +64,7 @@ def _flash_torch(q, k, v, is_causal):
     return FlashAttentionTorch.apply(q, k, v, is_causal)
 
 
+@torch.compiler.disable  # Dynamo cannot trace into triton.autotune's launcher; compiled callers graph-break here
 def _flash_triton(q, k, v, is_causal):
     from lmsys.kernels.flash_triton import FlashAttentionTriton
 
@@ -95,9 +96,15 @@ def register(name: str, fn: Callable) -> None:
     IMPLS[name] = fn
 
 
-def check_impl(name: str) -> str:
+def check_impl(name: str, *, d_head: int | None = None) -> str:
+    """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
     if name not in IMPLS:
         raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
+    if name == "flash-triton" and d_head is not None and not flash_triton_supports(d_head):
+        from lmsys.kernels.flash_triton import HEAD_DIMS
+
+        raise LmsysError(f"flash-triton: head dim {d_head} is not supported (supported: "
+                         f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
     return name
 
 
@@ -120,3 +127,9 @@ def check_qkv(q, k, v, *, impl: str) -> None:
 
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):
     return IMPLS[check_impl(impl)](q, k, v, is_causal)
+
+
+def flash_triton_supports(d_head: int) -> bool:
+    from lmsys.kernels.flash_triton import HEAD_DIMS
+
+    return d_head in HEAD_DIMS
