@@ -144,10 +144,26 @@ def train_reference(s: dict, batches) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _counting_fsdp_class():
+    from lmsys.distributed.fsdp import FSDP, _Regather
+
+    class CountingFSDP(FSDP):
+        """Counts weights that autograd did not keep but gathered again for backward."""
+
+        regathers_seen = 0
+
+        def _unpack(self, saved):
+            if isinstance(saved, _Regather):
+                self.regathers_seen += 1
+            return super()._unpack(saved)
+
+    return CountingFSDP
+
+
 def train_distributed(s: dict, batches, rank: int, world: int):
     from lmsys.distributed import ddp
-    from lmsys.distributed.fsdp import FSDP
 
+    _CountingFSDP = _counting_fsdp_class()
     model = make_model(s["model"], skip_unused=_skip_unused(s))
     kind = s["wrap"].split("-")[0]
     info = {}
@@ -164,7 +180,7 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         info["trainable"] = sum(1 for p in model.parameters() if p.requires_grad)
     else:
         info["full_numel"] = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-        wrapped = FSDP(model, compute_dtype=torch.float16 if s["wrap"].endswith("fp16") else None)
+        wrapped = _CountingFSDP(model, compute_dtype=torch.float16 if s["wrap"].endswith("fp16") else None)
         info["shard_numel"] = sum(p.numel() for p in wrapped.shards)
     params = [p for p in wrapped.parameters() if p.requires_grad]
     opt = make_optimizer(s["opt"], params, sharded=s["wrap"].endswith("sharded"))
@@ -189,6 +205,8 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         wrapped.on_train_batch_start()  # drains what the first backward launched
         opt.zero_grad()
     if kind == "fsdp":
+        info["regathers"] = wrapped.regathers_seen
+        info["live_after_forward"] = len(wrapped._live)
         final = wrapped.gather_full_params()
     else:
         final = {n: p.detach().clone() for n, p in wrapped.module.named_parameters()}
@@ -333,6 +351,17 @@ def test_sharded_optimizer_holds_a_balanced_share(world):
         assert max(owned) < total  # state is split: no rank holds all of it
         # greedy largest-first: no rank exceeds the fair share by more than the largest parameter
         assert max(owned) - total / world <= VOCAB * DIM
+
+
+@pytest.mark.slow
+def test_fsdp_drops_gathered_weights_after_forward_and_gathers_them_again_for_backward():
+    results = run_world(2)
+    for s in scenarios(2):
+        if s["wrap"].startswith("fsdp"):
+            for info in results[scenario_id(s)]["info"]:
+                assert info["live_after_forward"] == 0
+                # proj, frozen, rare, head: 4 Linear weights per step saved as notes, not tensors
+                assert info["regathers"] >= 4 * STEPS, (scenario_id(s), info["regathers"])
 
 
 @pytest.mark.slow
