@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -13,7 +13,7 @@ app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-
 
 @app.command("train")
 def train(
-    strategy: Annotated[Optional[list[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
+    strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
     bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
     shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
