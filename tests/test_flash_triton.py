@@ -87,6 +87,20 @@ def test_fresh_random_shapes():
             raise AssertionError(f"seed {seed}: {lead} {n_q}x{n_k} d{d} {dtype} causal={causal}: {exc}") from None
 
 
+@pytest.mark.skipif(not flash_triton.INTERPRET, reason="interpreter configs")
+@pytest.mark.parametrize("causal", [False, True])
+def test_swapped_tile_shapes(causal, monkeypatch):
+    """The other orientation of every kernel's tiles (fwd and dQ with BLOCK_N > BLOCK_M, as in the GPU's
+    (64, 128) configs; dK/dV with BLOCK_M > BLOCK_N), on shapes that cut tiles in every way."""
+    swapped = {"fwd": (16, 32), "dkdv": (32, 16), "dq": (16, 32)}
+    for name, tuner in (("fwd", flash_triton._attn_fwd), ("dkdv", flash_triton._attn_bwd_dkdv),
+                        ("dq", flash_triton._attn_bwd_dq)):
+        monkeypatch.setattr(tuner, "configs", [flash_triton._config(*swapped[name], 4, 1)])
+        monkeypatch.setattr(tuner, "cache", {})
+    for n_q, n_k in ((71, 71), (50, 83), (83, 37)):
+        _run_and_compare(*_inputs((2,), n_q, n_k, 32, torch.float32, seed=n_q + n_k), causal, 1e-4)
+
+
 def test_saves_exactly_q_k_v_o_and_fp32_logsumexp():
     q = torch.randn(2, 3, 21, 16, device=DEVICE, requires_grad=True)
     k = torch.randn(2, 3, 13, 16, device=DEVICE, requires_grad=True)
