@@ -90,6 +90,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
     (("--cuda-graphs",), "--cuda-graphs works through torch.compile"),
     (("--compile", "--compile-blocks"), "exclusive"),
     (("--fused-ce", "maybe"), "--fused-ce"),
+    (("--size", "2.7b", "--attn", "flash-triton"), "head dim 80 is not supported"),
 ])
 def test_bad_input_exits_2_with_one_line(lmsys, args, message):
     r = lmsys("bench", "e2e", "--device", "cpu", *args)

@@ -25,7 +25,7 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    attn: Annotated[Optional[str], typer.Option(help="Attention: naive | compiled | sdpa | flash-torch | flash-triton. Default naive (flash-triton with --fast on a GPU).")] = None,
+    attn: Annotated[Optional[str], typer.Option(help="Attention: naive | compiled | sdpa | flash-torch | flash-triton. Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
     compile_blocks: Annotated[bool, typer.Option("--compile-blocks", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
@@ -34,7 +34,7 @@ def e2e(
     fused_ce: Annotated[str, typer.Option(help="Chunked cross-entropy that never holds full logits: auto (when fp32 logits > 1 GiB) | on | off.")] = "auto",
     tf32: Annotated[bool, typer.Option("--tf32", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
-    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: flash-triton, per-block compile, fused AdamW, bf16 master weights (bf16), chunked CE, TF32 (fp32).")] = False,
+    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -72,8 +72,7 @@ def e2e(
     options["tf32"] = tf32 or options.get("tf32", False)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
-                                  attn_fallback=options.pop("attn_fallback", None) if attn is None else None)
+                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     per_workload = len(modes) * (3 if compare else 1)

@@ -100,9 +100,11 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
     """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
     if name not in IMPLS:
         raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
-    if name == "flash-triton" and d_head is not None and not flash_triton_supports(d_head):
+    if name == "flash-triton" and d_head is not None:
         from lmsys.kernels.flash_triton import HEAD_DIMS
 
+        if d_head in HEAD_DIMS:
+            return name
         raise LmsysError(f"flash-triton: head dim {d_head} is not supported (supported: "
                          f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
     return name
@@ -127,9 +129,3 @@ def check_qkv(q, k, v, *, impl: str) -> None:
 
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):
     return IMPLS[check_impl(impl)](q, k, v, is_causal)
-
-
-def flash_triton_supports(d_head: int) -> bool:
-    from lmsys.kernels.flash_triton import HEAD_DIMS
-
-    return d_head in HEAD_DIMS
