@@ -2,6 +2,8 @@
 # One device call on kind nvidia-h200 (carry [".debs"]) for issues 2, 5 and 7, most important first,
 # every command under a timeout and the whole under TOTAL seconds (default 560): what does not fit is
 # skipped and says so. Results: $OUT/h200.log, $OUT/results.tar (Markdown tables, fixtures, PNGs).
+# Seen 2026-11-30: with TOTAL=470 it got through step 4's small runs; give it two calls (TOTAL=560
+# each, the second starting at step 4) to finish. --fast has changed since: see docs/benchmarks/e2e.md.
 #   1. issue 7: 2.7b bf16 fast path vs plain eager / plain compiled (--compare)
 #   2. issue 5: fixtures for the CPU tests (raw nsys stats CSVs, a tiny memory snapshot, the qdstrm failure)
 #   3. issue 7: small fp32 --compare; large at context 16384 with flash attention
@@ -33,7 +35,7 @@ Q="bench e2e --size 2.7b --dtype bf16 --fast --compare --warmup 3 --steps 10"
 
 FIX="profile nsys --size tiny --context-length 128 --batch-size 4 --warmup 2 --steps 2 --annotate-attention"
 { md $FIX; L 60 $FIX --out-dir "$W/nsys" -f md; } >> "$R/profile_nsys.md"
-for r in nvtx_sum nvtx_kern_sum cuda_gpu_kern_sum cuda_api_sum; do
+for r in nvtx_sum nvtx_kern_sum cuda_gpu_kern_sum cuda_api_sum nvtx_pushpop_trace cuda_gpu_trace; do
   f=$(ls "$W"/nsys/nsys_tiny_ctx128_*${r}*.csv 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$R/fixtures/nsys/${r}.csv" || echo "!! no CSV for $r"
 done
