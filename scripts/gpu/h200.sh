@@ -2,8 +2,8 @@
 # One device call on kind nvidia-h200 (carry [".debs"]) for issues 2, 5 and 7, most important first,
 # every command under a timeout and the whole under TOTAL seconds (default 560): what does not fit is
 # skipped and says so. Results: $OUT/h200.log, $OUT/results.tar (Markdown tables, fixtures, PNGs).
-# Seen 2026-11-30: with TOTAL=470 it got through step 4's small runs; give it two calls (TOTAL=560
-# each, the second starting at step 4) to finish. --fast has changed since: see docs/benchmarks/e2e.md.
+# Seen 2026-11-30: with TOTAL=470 it got through the small nsys runs of step 4 and no further; plan
+# two calls of TOTAL=560 for the whole list. --fast has changed since: see docs/benchmarks/e2e.md.
 #   1. issue 7: 2.7b bf16 fast path vs plain eager / plain compiled (--compare)
 #   2. issue 5: fixtures for the CPU tests (raw nsys stats CSVs, a tiny memory snapshot, the qdstrm failure)
 #   3. issue 7: small fp32 --compare; large at context 16384 with flash attention
