@@ -64,6 +64,7 @@ def test_flash_check_catches_a_wrong_kernel(lmsys, monkeypatch):
 def test_flash_check_user_errors(lmsys, args, needle):
     r = lmsys("flash", "check", "--device", "cpu", *args)
     assert r.code == 2 and needle in r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2
 
 
 def test_bench_attention_rows_and_flops(lmsys):
@@ -155,7 +156,16 @@ def test_bench_attention_plot(lmsys, tmp_path):
     (("--seq-len", "0"), "--seq-len"),
     (("--steps", "0"), "--steps"),
     (("--dtype", "fp16"), "fp16"),
+    (("--plot", "/nonexistent/dir/a.png"), "--plot: directory /nonexistent/dir does not exist"),
 ])
 def test_bench_attention_user_errors(lmsys, args, needle):
     r = lmsys("bench", "attention", "--device", "cpu", *args)
     assert r.code == 2 and needle in r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2
+
+
+def test_output_or_plot_that_is_a_directory_is_a_user_error(lmsys, tmp_path):
+    for option in ("--output", "--plot"):
+        r = lmsys("bench", "attention", "--device", "cpu", option, str(tmp_path))
+        assert r.code == 2 and f"{option}: {tmp_path} is a directory" in r.err
+        assert list(tmp_path.iterdir()) == []  # nothing was written next to it either

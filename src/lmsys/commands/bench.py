@@ -117,7 +117,7 @@ def attention(
     from lmsys.core.results import Report, check_output_path
 
     check_render_options(format, output)
-    check_output_path(plot)
+    check_output_path(plot, what="--plot")
     dev = resolve_device(device)
     sweep, notes = lib.resolve_sweep(
         device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,

@@ -173,15 +173,18 @@ def format_for_path(path: str | os.PathLike) -> str:
     return {"csv": "csv", "json": "json"}.get(suffix, "md")
 
 
-def check_output_path(path: str | os.PathLike | None) -> None:
+def check_output_path(path: str | os.PathLike | None, *, what: str = "--output") -> None:
     """Fail before the work starts, not after, when the output file cannot be written."""
     if path is None:
         return
-    parent = Path(path).expanduser().resolve().parent
+    target = Path(path).expanduser().resolve()
+    if target.is_dir():
+        raise LmsysError(f"{what}: {target} is a directory; give a file name")
+    parent = target.parent
     if not parent.is_dir():
-        raise LmsysError(f"--output: directory {parent} does not exist")
+        raise LmsysError(f"{what}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
-        raise LmsysError(f"--output: directory {parent} is not writable")
+        raise LmsysError(f"{what}: directory {parent} is not writable")
 
 
 def check_format(fmt: str) -> str:
