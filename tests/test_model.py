@@ -105,3 +105,10 @@ def test_config_from_yaml(tmp_path):
     p.write_text("d_model: 64\nbogus: 1\n")
     with pytest.raises(LmsysError, match="unknown keys"):
         config_from_yaml(p)
+    for bad, message in (("d_model: abc", "d_model must be a positive integer, got 'abc'"),
+                         ("d_model: 12.5", "d_model must be a positive integer, got 12.5"),
+                         ("num_layers: true", "num_layers must be a positive integer"),
+                         ("rope_theta: x", "rope_theta must be a positive number")):
+        p.write_text(f"preset: tiny\n{bad}\n")
+        with pytest.raises(LmsysError, match=message):
+            config_from_yaml(p)

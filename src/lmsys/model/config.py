@@ -20,9 +20,15 @@ class ModelConfig:
     attn_impl: str = "naive"
 
     def __post_init__(self):
+        # A YAML file can carry any type: check them here, so a string or 12.5 is a one-line error.
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
-            if getattr(self, name) < 1:
-                raise LmsysError(f"{name} must be a positive integer, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LmsysError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.rope_theta, (int, float)) or isinstance(self.rope_theta, bool) or self.rope_theta <= 0:
+            raise LmsysError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not isinstance(self.attn_impl, str):
+            raise LmsysError(f"attn_impl must be an implementation name, got {self.attn_impl!r}")
         if self.d_model % self.num_heads:
             raise LmsysError(
                 f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}"
