@@ -60,6 +60,7 @@ def test_flash_check_catches_a_wrong_kernel(lmsys, monkeypatch):
     (("--impl", "naive"), "--impl must be one of flash-torch, flash-triton"),
     (("--dtype", "fp64"), "unknown dtype"),
     (("--cases", "0"), "--cases must be >= 1"),
+    (("--max-len", "0"), "--max-len must be >= 1, got 0"),
 ])
 def test_flash_check_user_errors(lmsys, args, needle):
     r = lmsys("flash", "check", "--device", "cpu", *args)

@@ -64,7 +64,8 @@ def train(
     if dtype == "fp16" and "fsdp" in strategies:
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
     size = size or ("small" if backend == "nccl" else "tiny")
-    context_length = context_length or (512 if backend == "nccl" else 128)
+    if context_length is None:  # an explicit 0 must reach the check below, not become the default
+        context_length = 512 if backend == "nccl" else 128
     if context_length < 1:
         raise LmsysError(f"--context-length must be positive, got {context_length}")
     get_config(size).with_overrides(context_length=context_length)  # a bad size fails here, not on every rank

@@ -32,7 +32,7 @@ def check(
     dev = resolve_device(device)
     name = lib.check_impl(impl or lib.default_impl(dev))
     dtypes = parse_list(dtype, lib.check_dtype, what="--dtype") if dtype else lib.device_dtypes(dev)
-    plan = lib.random_cases(cases, seed=seed, dtypes=dtypes, max_len=max_len or lib.default_max_len(dev),
+    plan = lib.random_cases(cases, seed=seed, dtypes=dtypes, max_len=lib.default_max_len(dev) if max_len is None else max_len,
                             impl=name)
     rows = list(track(lib.run_check(name, plan, device=dev, seed=seed), total=len(plan), description="flash check"))
     meta = environment(dev)
