@@ -101,6 +101,16 @@ def test_option_errors_are_exit_2(lmsys):
     assert lmsys("profile", "nsys", "--engine", "torch", "--size", "tiny,small").code == 2
     r = lmsys("profile", "nsys", "--engine", "torch", "--", "true")
     assert r.code == 2 and "--engine nsys" in r.err
+    r = lmsys("profile", "nsys", "--engine", "torch", "--nsys-args", '--foo="bar')
+    assert r.code == 2 and r.err.startswith("error: --nsys-args: cannot split") and "Traceback" not in r.err
+
+
+def test_an_out_dir_that_cannot_be_made_is_exit_2(lmsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = lmsys("profile", "nsys", "--engine", "torch", "--size", "tiny", "--out-dir", str(blocker / "sub"))
+    assert r.code == 2 and r.err.startswith(f"error: --out-dir: cannot create {blocker / 'sub'}")
+    assert len(r.err.strip().splitlines()) == 1
 
 
 # ----------------------------------------------------------------------------------- command lines

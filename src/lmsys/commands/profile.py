@@ -37,6 +37,16 @@ def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str
     return resolve_configs([name], context_length=context_length, attn_impl=attn_impl)[0]
 
 
+def _make_out_dir(out_dir: Path) -> None:
+    """Create --out-dir before any work, so a path that cannot be a directory is one line, not a traceback."""
+    from lmsys.core.errors import LmsysError
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LmsysError(f"--out-dir: cannot create {out_dir} ({exc.strerror or exc})") from None
+
+
 def _check_counts(**values: int) -> None:
     from lmsys.core.errors import LmsysError
 
@@ -81,12 +91,16 @@ def nsys(
     check_mode(mode)
     if engine not in ("nsys", "torch"):
         raise LmsysError(f"--engine must be nsys or torch, not {engine!r}")
-    extra = shlex.split(nsys_args)
+    try:
+        extra = shlex.split(nsys_args)
+    except ValueError as exc:  # e.g. an unclosed quote
+        raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
 
     if command:
         if engine != "nsys":
             raise LmsysError("a command after -- is profiled with --engine nsys; --engine torch runs the training step")
         nsys_path = nsys_lib.find_nsys()
+        _make_out_dir(out_dir)
         name = "nsys_" + "".join(ch if ch.isalnum() else "_" for ch in Path(command[0]).name)
         prof = nsys_lib.profile_app(nsys_path, list(command), out_dir=out_dir, name=name, trace=trace, extra=extra)
         meta = {"command": shlex.join(command), "nsys": f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})"}
@@ -102,6 +116,7 @@ def nsys(
     check_dtype_for_device(dtype, dev)
     name, cfg = _one_config(size, dev, context_length=context_length,
                             attn_impl="annotated" if annotate_attention else "naive")
+    _make_out_dir(out_dir)
     base = f"{engine}_{Path(name).stem}_ctx{context_length}_b{batch_size}_{dtype}_{mode}"
     base += "_attn" if annotate_attention else ""
     if engine == "nsys":
@@ -194,6 +209,7 @@ def memory(
 
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
+        _make_out_dir(out_dir)
         timeline = lib.analyze(data)
         png = lib.render_png(timeline, out_dir / f"{snapshot.stem}.png", title=f"{snapshot.name}: allocated memory")
         meta = {"snapshot": str(snapshot), "device": f"cuda:{timeline.device}",
@@ -213,6 +229,7 @@ def memory(
     lib.check_cuda(dev)
     check_dtype_for_device(dtype, dev)
     configs = [_one_config(size, dev, context_length=c) for c in contexts]
+    _make_out_dir(out_dir)
 
     results = []
     for name, cfg in track(configs, total=len(configs), description="profile memory"):
