@@ -61,7 +61,9 @@ def test_sharded_optimizer_row(lmsys):
     (["--backend", "mpi"], "--backend must be one of"),
     (["--dtype", "fp16"], "--dtype fp16 needs a CUDA GPU"),
     (["--world-size", "0"], "--world-size must be >= 1"),
-    (["--steps", "0"], "--steps and --batch-size >= 1"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--context-length", "0"], "--context-length must be positive, got 0"),
 ])
 def test_bad_input_exits_2_with_one_line(lmsys, args, message):

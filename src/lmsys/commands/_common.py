@@ -27,6 +27,15 @@ def check_render_options(fmt: str, output: Optional[Path]) -> None:
     check_output_path(output)
 
 
+def check_counts(**values: tuple[int, int]) -> None:
+    """check_counts(steps=(steps, 1), warmup=(warmup, 0)): each option at least its minimum, or exit 2."""
+    from lmsys.core.errors import LmsysError
+
+    for opt, (value, minimum) in values.items():
+        if value < minimum:
+            raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 def emit(reports, fmt: str, output: Optional[Path]) -> None:
     """Render one Report or a list of them; with --output, say where the file went."""
     from lmsys.core.results import render

@@ -6,7 +6,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_render_options, emit, track
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
+                                    emit, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
 
@@ -48,8 +49,7 @@ def e2e(
     from lmsys.core.results import Report
 
     check_render_options(format, output)
-    if warmup < 0 or steps < 1 or batch_size < 1:
-        raise LmsysError("--warmup must be >= 0, --steps and --batch-size >= 1")
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if fused_ce not in ("auto", "on", "off"):

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_render_options, emit
+from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
 
 app = typer.Typer(help="Collectives: all-reduce bandwidth over gloo or NCCL.", no_args_is_help=True)
 
@@ -25,14 +25,12 @@ def allreduce(
 ):
     """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
     from lmsys.core.devices import torch_dtype
-    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_bytes, parse_int_list, parse_list
     from lmsys.core.results import Report
     from lmsys.distributed import launch
 
     check_render_options(format, output)
-    if warmup < 0 or iters < 1:
-        raise LmsysError("--warmup must be >= 0 and --iters >= 1")
+    check_counts(warmup=(warmup, 0), iters=(iters, 1))
     labels = parse_list(sizes, str, what="--sizes")
     nbytes = [parse_bytes(label) for label in labels]
     torch_dtype(dtype)

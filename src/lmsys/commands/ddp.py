@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_render_options, emit
+from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
 
 app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP.", no_args_is_help=True)
 
@@ -40,8 +40,7 @@ def train(
     from lmsys.model.config import get_config
 
     check_render_options(format, output)
-    if warmup < 0 or steps < 1 or batch_size < 1:
-        raise LmsysError("--warmup must be >= 0, --steps and --batch-size >= 1")
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     strategies = list(dict.fromkeys(parse_list(strategy, str, what="--strategy"))) if strategy else list(STRATEGIES)
     for s in strategies:
         if s not in STRATEGIES:

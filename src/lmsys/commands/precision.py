@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lmsys.commands._common import DeviceOpt, FormatOpt, OutputOpt, check_render_options, emit
+from lmsys.commands._common import DeviceOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
 
 
 def precision(
@@ -18,12 +18,10 @@ def precision(
     """Show the dtype of every tensor under autocast, and what fp16/bf16 accumulation loses."""
     from lmsys.bench.precision import accumulation_experiment, autocast_walkthrough
     from lmsys.core.devices import environment, resolve_device
-    from lmsys.core.errors import LmsysError
     from lmsys.core.results import Report
 
     check_render_options(format, output)
-    if steps < 1:
-        raise LmsysError("--steps must be >= 1")
+    check_counts(steps=(steps, 1))
     dev = resolve_device(device)
     walk = Report("autocast: dtype of each tensor (toy model fc1 → ReLU → LayerNorm → fc2)",
                   autocast_walkthrough(dev, ["fp16", "bf16"]), environment(dev))

@@ -7,7 +7,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_render_options, emit, track
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
+                                    emit, track)
 from lmsys.profiling.nsys import DEFAULT_TRACE
 
 app = typer.Typer(help="Profiling: nsys / torch.profiler time breakdowns, memory timelines.", no_args_is_help=True)
@@ -47,14 +48,6 @@ def _make_out_dir(out_dir: Path) -> None:
         raise LmsysError(f"--out-dir: cannot create {out_dir} ({exc.strerror or exc})") from None
 
 
-def _check_counts(**values: int) -> None:
-    from lmsys.core.errors import LmsysError
-
-    for opt, (value, minimum) in values.items():
-        if value < minimum:
-            raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
-
-
 @app.command("nsys")
 def nsys(
     command: Annotated[Optional[List[str]], typer.Argument(
@@ -87,7 +80,7 @@ def nsys(
     from lmsys.profiling.phases import check_mode
 
     check_render_options(format, output)
-    _check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
     check_mode(mode)
     if engine not in ("nsys", "torch"):
         raise LmsysError(f"--engine must be nsys or torch, not {engine!r}")
@@ -205,7 +198,7 @@ def memory(
     from lmsys.profiling import memory as lib
 
     check_render_options(format, output)
-    _check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
+    check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
 
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
