@@ -36,6 +36,18 @@ def check_counts(**values: tuple[int, int]) -> None:
             raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
+def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str):
+    """`lmsys.distributed.launch.run`; a failed rank ends the command with its error on one line and
+    exit code 1 (a crash, not a user error). None on torchrun workers other than rank 0."""
+    from lmsys.distributed import launch
+
+    try:
+        return launch.run(target, kwargs, world_size=world_size, backend=backend)
+    except launch.RankFailedError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+
+
 def emit(reports, fmt: str, output: Optional[Path]) -> None:
     """Render one Report or a list of them; with --output, say where the file went."""
     from lmsys.core.results import render

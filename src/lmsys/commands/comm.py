@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
+from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
 app = typer.Typer(help="Collectives: all-reduce bandwidth over gloo or NCCL.", no_args_is_help=True)
 
@@ -41,8 +41,9 @@ def allreduce(
 
     rows, meta = [], {}
     for n in world_sizes:
-        result = _run(launch, n, backend, dict(sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
-                                               iters=iters, baseline=baseline))
+        result = run_on_ranks("lmsys.distributed.collectives:allreduce_job",
+                              dict(sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup, iters=iters,
+                                   baseline=baseline), world_size=n, backend=backend)
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         rows += result["rows"]
@@ -54,13 +55,3 @@ def allreduce(
     if baseline:
         notes.append("bare loop: iters back-to-back all-reduces between two synchronisations, time / iters.")
     emit(Report("comm allreduce", rows, meta, notes), format, output)
-
-
-def _run(launch, world_size: int, backend: str, kwargs: dict):
-    """One torchrun job; a failed rank ends the command with its error (exit 1)."""
-    try:
-        return launch.run("lmsys.distributed.collectives:allreduce_job", kwargs, world_size=world_size,
-                          backend=backend)
-    except launch.RankFailedError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(1) from None

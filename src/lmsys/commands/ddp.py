@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
+from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
 app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP.", no_args_is_help=True)
 
@@ -72,11 +72,7 @@ def train(
     runs = expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer)
-    try:
-        result = launch.run("lmsys.distributed.train:train_job", kwargs, world_size=world_sizes[0], backend=backend)
-    except launch.RankFailedError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(1) from None
+    result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=world_sizes[0], backend=backend)
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints
         return
     meta = result["meta"]
