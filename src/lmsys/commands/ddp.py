@@ -31,7 +31,7 @@ def train(
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
     from dataclasses import asdict
 
-    from lmsys.core.devices import check_dtype_for_device
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
@@ -56,10 +56,7 @@ def train(
     backend = launch.resolve_backend(backend)
     world_sizes = launch.resolve_world_sizes([world_size] if world_size is not None else None)
     launch.check_launch(backend, world_sizes)
-    import torch
-
-    device = torch.device("cuda" if backend == "nccl" else "cpu")
-    check_dtype_for_device(dtype, device)
+    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
     if dtype == "fp16" and "fsdp" in strategies:
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
     size = size or ("small" if backend == "nccl" else "tiny")
