@@ -101,12 +101,9 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
     if name not in IMPLS:
         raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
     if name == "flash-triton" and d_head is not None:
-        from lmsys.kernels.flash_triton import HEAD_DIMS
+        from lmsys.kernels.flash_triton import check_head_dim
 
-        if d_head in HEAD_DIMS:
-            return name
-        raise LmsysError(f"flash-triton: head dim {d_head} is not supported (supported: "
-                         f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
+        check_head_dim(d_head)
     return name
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -431,12 +432,17 @@ def check_device(device) -> None:
         )
 
 
+def check_head_dim(d: int) -> None:
+    """The head dims the kernels are built for (fp32 narrows them further: see _check_inputs)."""
+    if d not in HEAD_DIMS:
+        raise LmsysError(f"flash-triton: head dim {d} is not supported (supported: "
+                         f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
+
+
 def _check_inputs(q, k, v) -> None:
     # shape constraints
     check_qkv(q, k, v, impl="flash-triton")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise LmsysError(f"flash-triton: head dim {q.shape[-1]} is not supported (supported: "
-                         f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
+    check_head_dim(q.shape[-1])
     if q.dtype not in DTYPES:
         raise LmsysError(f"flash-triton: dtype {q.dtype} is not supported (float32, float16, bfloat16)")
     if q.dtype == torch.float32 and q.shape[-1] not in FP32_HEAD_DIMS:
@@ -464,15 +470,7 @@ def _dot_precision(dtype) -> str:
 
 
 def _device_guard(device):
-    return torch.cuda.device(device) if device.type == "cuda" else _NoGuard()
-
-
-class _NoGuard:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def flash_forward(q, k, v, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
