@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from lmsys.bench.step import Workload, checkpoint_segment
+from lmsys.bench.step import Workload
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import mfu, model_flops
 from lmsys.core.results import MeanStd
@@ -68,8 +68,7 @@ def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: li
     """One Workload per (configuration, checkpoint policy); `options` are Workload fields."""
     out = []
     for name, cfg in configs:
-        for policy in checkpoints:
-            checkpoint_segment(policy, cfg.num_layers)
+        for policy in checkpoints:  # Workload validates the policy
             out.append((name, Workload(cfg, checkpoint=policy, **options)))
     return out
 

@@ -40,9 +40,9 @@ def resolve_device(name: str = "auto"):
 def torch_dtype(name: str):
     import torch
 
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    table = dict(zip(DTYPE_CHOICES, (torch.float32, torch.bfloat16, torch.float16)))
     if name not in table:
-        raise LmsysError(f"--dtype must be one of {', '.join(table)}, not {name!r}")
+        raise LmsysError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {name!r}")
     return table[name]
 
 

@@ -251,10 +251,6 @@ class _Bucket:
         self.n_ready = 0
         self.work = None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.params)
-
 
 class BucketedDDP(_DataParallel):
     """Buckets of at most `bucket_size_mb` MiB of gradients (reverse registration order), each

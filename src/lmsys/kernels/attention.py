@@ -91,11 +91,6 @@ IMPLS: dict[str, Callable] = {
 }
 
 
-def register(name: str, fn: Callable) -> None:
-    """Add an implementation (e.g. the NVTX-annotated one from lmsys.profiling)."""
-    IMPLS[name] = fn
-
-
 def check_impl(name: str, *, d_head: int | None = None) -> str:
     """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
     if name not in IMPLS:

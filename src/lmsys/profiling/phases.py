@@ -27,11 +27,6 @@ def check_mode(mode: str, allowed: tuple[str, ...] = MODES) -> str:
     return mode
 
 
-def ranges_for(mode: str) -> tuple[str, ...]:
-    """The phase ranges one step of `mode` opens, in order."""
-    return {"fwd": (FWD_STEP,), "fwd-bwd": (FWD_STEP, BWD_STEP), "train": STEP_RANGES}[check_mode(mode)]
-
-
 def run_step(step, inputs, targets, *, mode: str, range_fn: RangeFn) -> None:
     """One step of `mode` with each phase inside `range_fn(phase)`. Gradients are cleared first,
     outside the ranges (as `bench e2e` does); the loss and its graph are dropped at the end."""
