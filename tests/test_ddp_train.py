@@ -45,7 +45,9 @@ def test_every_strategy_trains_like_one_process(lmsys):
 def test_sharded_optimizer_row(lmsys):
     r = lmsys("ddp", "train", "--strategy", "bucketed,fsdp", "--shard-optimizer", *FAST)
     assert r.code == 0, r.err
-    rows = {row["strategy"]: row for row in json.loads(r.out)["rows"]}
+    doc = json.loads(r.out)
+    assert doc["meta"]["model"] == "tiny: d_model 128, d_ff 512, 2 layers, 4 heads, vocab 10000, context 16"
+    rows = {row["strategy"]: row for row in doc["rows"]}
     assert rows["bucketed 25 MiB"]["optimizer"] == "AdamW, ZeRO-1 sharded"
     assert rows["fsdp"]["optimizer"] == "AdamW on shards"
     assert rows["bucketed 25 MiB"]["parity max|Δθ|"] < 1e-5

@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from lmsys.bench.e2e import describe
 from lmsys.bench.step import TrainStep
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -107,8 +108,7 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
             rows.append(row)
         barrier(ctx)
     meta = environment(ctx.device)
-    meta["model"] = (f"{size}: d_model {config.d_model}, d_ff {config.d_ff}, {config.num_layers} layers, "
-                     f"{config.num_heads} heads, vocab {config.vocab_size}, context {context_length}")
+    meta["model"] = f"{size}: {describe(config)}"
     return {"rows": rows, "meta": meta}
 
 
