@@ -16,10 +16,10 @@ from typing import Iterator
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops
+from lmsys.core.parsing import MiB
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 
-MiB = 2**20
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from typing import Iterator
 from lmsys.bench.step import Workload
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import mfu, model_flops
+from lmsys.core.parsing import MiB
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.model.config import ModelConfig, get_config
 
 MODE_CHOICES = ("fwd", "fwd-bwd", "train", "all")
-MiB = 2**20
 PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
 
 

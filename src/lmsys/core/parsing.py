@@ -9,6 +9,8 @@ from lmsys.core.errors import LmsysError
 
 T = TypeVar("T")
 
+MiB = 2**20  # the unit every memory column is reported in
+
 _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9,

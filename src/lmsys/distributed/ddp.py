@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-MiB = 2**20
+from lmsys.core.parsing import MiB
+
 
 __all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "broadcast_module_state"]
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from lmsys.bench.e2e import describe
 from lmsys.bench.step import TrainStep
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
+from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.model.config import ModelConfig, get_config
@@ -36,7 +37,6 @@ from lmsys.model.config import ModelConfig, get_config
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp")
 COMM_DTYPES = ("fp32", "bf16")
 LEARNING_RATE = 1e-3
-MiB = 2**20
 
 
 @dataclass(frozen=True)

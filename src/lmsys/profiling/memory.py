@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmsys.core.errors import LmsysError
-from lmsys.core.parsing import format_bytes
+from lmsys.core.parsing import MiB, format_bytes
 from lmsys.profiling.phases import BWD_STEP, FWD_STEP, OPTIM_STEP, run_step
 
 MARK_PREFIX = "lmsys_phase_"
 MARK_BYTES = 512
 INIT = "init"  # from the start of recording to the first step: model, optimizer, batch
 END = "END"
-MiB = 2**20
 DEFAULT_MAX_ENTRIES = 1_000_000
 PHASE_LABELS = {INIT: "init", FWD_STEP: "forward", BWD_STEP: "backward", OPTIM_STEP: "optimizer", END: "after"}
 
