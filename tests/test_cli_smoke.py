@@ -14,5 +14,7 @@ def test_help_lists_every_group_without_importing_torch():
 
 
 def test_version(lmsys):
+    from lmsys import __version__
+
     r = lmsys("--version")
-    assert r.code == 0 and "lmsys" in r.out
+    assert r.code == 0 and r.out.strip() == f"lmsys {__version__}"
