@@ -63,6 +63,28 @@ def fast_path(device, dtype: str) -> dict:
     }
 
 
+def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_scope: str | None,
+                 optimizer: str, master_weights: bool, fused_ce: str, tf32: bool) -> dict:
+    """The command line's switches -> Workload fields (plus `attn_impl`): `--fast` first, then each
+    explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off'."""
+    if fused_ce not in ("auto", "on", "off"):
+        raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
+    if optimizer not in ("auto", "adamw", "adamw-fused"):
+        raise LmsysError(f"--optimizer must be auto, adamw or adamw-fused, not {optimizer!r}")
+    options = fast_path(device, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
+    if attn is not None:
+        options["attn_impl"] = attn
+    if compile_scope is not None:
+        options["compile"] = compile_scope
+    if optimizer != "auto":
+        options["optimizer"] = optimizer
+    options.setdefault("optimizer", "adamw-fused" if device.type == "cuda" else "adamw")
+    options["master_weights"] = master_weights or options.get("master_weights", False)
+    options["fused_ce"] = {"on": True, "off": False}.get(fused_ce, options.get("fused_ce", "auto"))
+    options["tf32"] = tf32 or options.get("tf32", False)
+    return options
+
+
 def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: list[str], **options
                       ) -> list[tuple[str, Workload]]:
     """One Workload per (configuration, checkpoint policy); `options` are Workload fields."""

@@ -52,24 +52,12 @@ def e2e(
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
-    if fused_ce not in ("auto", "on", "off"):
-        raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
-    if optimizer not in ("auto", "adamw", "adamw-fused"):
-        raise LmsysError(f"--optimizer must be auto, adamw or adamw-fused, not {optimizer!r}")
     modes = lib.expand_modes(mode)
     dev = resolve_device(device)
     check_dtype_for_device(dtype, dev)
-    options = lib.fast_path(dev, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
-    if attn is not None:
-        options["attn_impl"] = attn
-    if compile or compile_blocks:
-        options["compile"] = "model" if compile else "blocks"
-    if optimizer != "auto":
-        options["optimizer"] = optimizer
-    options.setdefault("optimizer", "adamw-fused" if dev.type == "cuda" else "adamw")
-    options["master_weights"] = master_weights or options.get("master_weights", False)
-    options["fused_ce"] = {"on": True, "off": False}.get(fused_ce, options.get("fused_ce", "auto"))
-    options["tf32"] = tf32 or options.get("tf32", False)
+    options = lib.step_options(dev, dtype, fast=fast, attn=attn,
+                               compile_scope="model" if compile else ("blocks" if compile_blocks else None),
+                               optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))

@@ -12,11 +12,12 @@ w ← w − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from lmsys.kernels import triton_interpreted
 
 
 @triton.jit
@@ -43,7 +44,7 @@ def _adamw_kernel(
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda or triton_interpreted()
 
 
 def adamw_update_(param, grad, master, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float,

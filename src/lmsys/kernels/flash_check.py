@@ -9,7 +9,6 @@ Error = max |x - ref| / max(max |ref|, 1) per tensor (NaN counts as infinite).
 from __future__ import annotations
 
 import math
-import os
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -17,6 +16,7 @@ from typing import Iterator
 import torch
 
 from lmsys.core.errors import LmsysError
+from lmsys.kernels import triton_interpreted
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -57,7 +57,7 @@ def default_max_len(device) -> int:
 
 def default_impl(device) -> str:
     """flash-triton where it can run (a GPU, or Triton's interpreter), else flash-torch."""
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpreted = triton_interpreted()
     return "flash-triton" if device.type == "cuda" or interpreted else "flash-torch"
 
 

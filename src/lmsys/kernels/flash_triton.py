@@ -35,12 +35,13 @@ import triton
 import triton.language as tl
 
 from lmsys.core.errors import LmsysError
+from lmsys.kernels import triton_interpreted
 from lmsys.kernels.attention import check_qkv
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP32_HEAD_DIMS = (16, 32, 64, 128)  # d 256 in fp32: no tile fits in shared memory (seen on an H200)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read by Triton when the kernels are decorated
+INTERPRET = triton_interpreted()  # read by Triton when the kernels are decorated
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)

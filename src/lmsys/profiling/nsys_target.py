@@ -1,6 +1,6 @@
 """The process `lmsys profile nsys` runs under nsys: `python -m lmsys.profiling.nsys_target SPEC.json`.
 
-SPEC.json (written by `lmsys.profiling.nsys.run_e2e`) names the workload. This process builds the model,
+SPEC.json (written by `lmsys.profiling.nsys.profile_e2e`) names the workload. This process builds the model,
 runs the warm-up steps, then brackets the measured steps with cudaProfilerStart/Stop (nsys records only
 that window, `--capture-range=cudaProfilerApi`), each phase in an NVTX range that synchronises before it
 closes. It writes SPEC's `result` file ({"status": "ok"} or the error) for the parent to read: nsys's own
