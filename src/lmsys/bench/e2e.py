@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
+from lmsys.bench import MODES
 from lmsys.bench.step import Workload
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import mfu, model_flops
@@ -19,7 +20,7 @@ from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.model.config import ModelConfig, get_config
 
-MODE_CHOICES = ("fwd", "fwd-bwd", "train", "all")
+MODE_CHOICES = (*MODES, "all")
 PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
 
 
@@ -106,7 +107,7 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
 def expand_modes(mode: str) -> list[str]:
     if mode not in MODE_CHOICES:
         raise LmsysError(f"--mode must be one of {', '.join(MODE_CHOICES)}, not {mode!r}")
-    return ["fwd", "fwd-bwd", "train"] if mode == "all" else [mode]
+    return list(MODES) if mode == "all" else [mode]
 
 
 def describe(cfg: ModelConfig) -> str:

@@ -23,7 +23,6 @@ from lmsys.core.errors import LmsysError
 from lmsys.model.config import ModelConfig
 from lmsys.model.transformer import TransformerLM
 
-MODES = ("fwd", "fwd-bwd", "train")
 COMPILE_CHOICES = ("none", "model", "blocks")
 OPTIMIZER_CHOICES = ("adamw", "adamw-fused")
 FUSED_CE_BYTES = 2**30  # "auto" chunks the cross-entropy once fp32 logits would exceed 1 GiB
@@ -36,7 +35,7 @@ class Workload:
     config: ModelConfig
     batch_size: int = 4
     dtype: str = "fp32"            # autocast dtype (weights fp32), or the weights' dtype with master_weights
-    compile: str | bool = "none"   # none | model (the whole loss function) | blocks (each block); True = model
+    compile: str = "none"          # none | model (the whole loss function) | blocks (each block)
     cuda_graphs: bool = False      # torch.compile mode="reduce-overhead"
     optimizer: str = "adamw"       # adamw (foreach) | adamw-fused; ignored with master_weights
     master_weights: bool = False   # bf16 weights and grads, fp32 master + moments (lmsys.kernels.adamw)
@@ -46,8 +45,6 @@ class Workload:
     lr: float = 1e-4
 
     def __post_init__(self):
-        if isinstance(self.compile, bool):
-            object.__setattr__(self, "compile", "model" if self.compile else "none")
         if self.compile not in COMPILE_CHOICES:
             raise LmsysError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {self.compile!r}")
         if self.optimizer not in OPTIMIZER_CHOICES:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager
 
+from lmsys.bench import MODES
 from lmsys.core.errors import LmsysError
 
 FWD_STEP = "FWD_STEP"
@@ -16,7 +17,6 @@ BWD_STEP = "BWD_STEP"
 OPTIM_STEP = "OPTIM_STEP"
 WARMUP = "WARMUP"
 STEP_RANGES = (FWD_STEP, BWD_STEP, OPTIM_STEP)
-MODES = ("fwd", "fwd-bwd", "train")
 
 RangeFn = Callable[[str], ContextManager]
 
