@@ -8,26 +8,13 @@
 # Run from the repo root:  bash scripts/gpu/profile.sh    (PYTHONPATH=src; nothing is installed)
 # $OUT gets: README.md, profile.log, profile_nsys.md, profile_memory.md, fixtures.tar, memory_png.tar,
 #            memory_large_ctx512_fp32_train.png
-# The library path without the unpacked .debs (even if the caller already added them): for step 1c.
-ORIG_LD_LIBRARY_PATH=$(echo "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v '^/tmp/dw/' | paste -sd: -)
-# nsys's importer needs libdw.so.1, absent from the image (../shared/DEVICE.md): unpack the carried .debs.
-mkdir -p /tmp/dw && for f in .debs/*.deb; do dpkg -x $f /tmp/dw; done; export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH;
+# PARTS picks the steps (default "fixtures memtrain nsys memfwd"); NSYS_SIZES the presets of the nsys
+# step (default "small large"); BUDGET the seconds in all (default 465; scripts/gpu/lib.sh).
 set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/lmsys-out}; mkdir -p "$OUT"
-W=/tmp/lmsys-profile; rm -rf "$W"; mkdir -p "$W/fixtures/nsys" "$W/fixtures/memory"
-START=$(date +%s)
-elapsed() { echo $(( $(date +%s) - START )); }
-# Every command gets a timeout of at most T (default 150) seconds and never runs past 465 s in all;
-# one that would get less than 30 s is skipped. The script ends within 8 minutes whatever happens.
-budget() { local left=$(( 465 - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
-L() {
-  local t; t=$(budget "${T:-150}")
-  if [ "$t" -lt 30 ]; then echo "!! [$(elapsed)s] skipped (time): lmsys $*" >&2; return 0; fi
-  echo "+ [$(elapsed)s] lmsys $*" >&2
-  timeout "$t" python3 -m lmsys "$@"; local rc=$?
-  [ $rc -eq 0 ] || echo "!! exit $rc for: lmsys $*" >&2; return 0
-}
+source scripts/gpu/lib.sh
+PARTS=${PARTS:-fixtures memtrain nsys memfwd}; NSYS_SIZES=${NSYS_SIZES:-small large}
+W=/tmp/lmsys-profile-$$; rm -rf "$W"; mkdir -p "$W/fixtures/nsys" "$W/fixtures/memory"
+budget() { local left=$(( BUDGET - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
 {
 echo "== environment"
@@ -43,6 +30,7 @@ if [ -n "$IMPORTER" ]; then
   echo "ldd with the .debs:"; ldd "$IMPORTER" | grep -i "not found" || echo "  (nothing missing)"
 fi
 
+if part fixtures; then
 echo "== 1a. nsys fixture run (tiny, default --trace)"
 FIX="profile nsys --size tiny --context-length 128 --batch-size 4 --warmup 2 --steps 2 --annotate-attention"
 echo "#### \`lmsys $FIX\`" >> "$OUT/profile_nsys.md"
@@ -85,28 +73,34 @@ echo "== 1d. the profile tests against these fixtures, on the GPU"
 cp -r "$W"/fixtures/* tests/fixtures/
 timeout "$(budget 150)" python3 -m pytest -q -rs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
   tests/test_profile_memory.py 2>&1 | tail -25
+fi
 
 mem() {  # mem DTYPE MODE: the context sweep of large
   local Q="profile memory --size large --context-length 128,256,512 --batch-size 4 --dtype $1 --mode $2 --steps 2"
   echo "#### \`lmsys $Q\`" >> "$OUT/profile_memory.md"
   T=200 L $Q --out-dir "$W/mem" -f md | tee -a "$OUT/profile_memory.md"
 }
+if part memtrain; then
 echo "== 2a. memory of large, train step: contexts 128/256/512, fp32 vs bf16 [$(elapsed)s]"
 mem fp32 train
 mem bf16 train
+fi
 
 echo "== 2b. nvtx_sum, top forward kernel, attention split: small and large at 128/256/512 [$(elapsed)s]"
 # (--trace cuda,nvtx: the questions need no osrt/cuBLAS rows, and the reports import faster)
-for run in "small 128" "small 256" "small 512" "large 128" "large 256" "large 512"; do
-  set -- $run
+for size in $NSYS_SIZES; do for ctx in 128 256 512; do
+  part nsys || continue
+  set -- $size $ctx
   Q="profile nsys --size $1 --context-length $2 --batch-size 4 --warmup 2 --steps 3 --annotate-attention --trace cuda,nvtx"
   echo "#### \`lmsys $Q\`" >> "$OUT/profile_nsys.md"
   L $Q --out-dir "$W/nsys" -f md | tee -a "$OUT/profile_nsys.md"
-done
+done; done
 
+if part memfwd; then
 echo "== 2c. memory of large, forward only [$(elapsed)s]"
 mem fp32 fwd
 mem bf16 fwd
+fi
 P="$W/mem/memory_large_ctx512_b4_fp32_train.pickle"
 if [ -f "$P" ]; then
   echo "#### \`lmsys profile memory --snapshot memory_large_ctx512_b4_fp32_train.pickle --top 12\` (the fp32 train run above)" >> "$OUT/profile_memory.md"

@@ -34,6 +34,7 @@ Averaging: NCCL divides inside the collective (ReduceOp.AVG); gloo sums and the 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -107,6 +108,21 @@ class _DataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def _register_grad_ready_hooks(self, params: list[nn.Parameter]) -> None:
+        """`self._on_grad_ready` as every parameter's post-accumulate-grad hook, through a weak reference:
+        the hooks live on the parameters, which the wrapper holds, and a strong reference back would keep
+        model, gradients and buckets alive after the wrapper is dropped (the cycle runs through autograd's
+        C++ side, which the garbage collector cannot see). The hooks are removed when the wrapper dies."""
+        method = weakref.WeakMethod(self._on_grad_ready)
+
+        def hook(param):
+            bound = method()
+            if bound is not None:
+                bound(param)
+
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in params]
+        weakref.finalize(self, lambda: [h.remove() for h in handles])
+
     def on_train_batch_start(self) -> None:
         """Per-step state reset (nothing to reset here)."""
 
@@ -172,7 +188,7 @@ class OverlapDDP(_DataParallel):
         super().__init__(module)
         self._order = list(reversed(self._params))  # launch order: roughly backward's order
         self._index = {id(p): i for i, p in enumerate(self._order)}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._order]
+        self._register_grad_ready_hooks(self._order)
         self._reset()
 
     def _reset(self) -> None:
@@ -266,7 +282,7 @@ class BucketedDDP(_DataParallel):
         self.buckets = [_Bucket(ps, comm_dtype=comm_dtype)
                         for ps in self._plan_buckets(list(reversed(self._params)), bucket_size_mb * MiB)]
         self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+        self._register_grad_ready_hooks(self._params)
         self._next = 0  # the first bucket not launched yet
 
     @staticmethod
