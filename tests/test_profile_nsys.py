@@ -313,6 +313,21 @@ def test_only_a_qdstrm_with_a_loader_error_names_that_library(lmsys, fake_nsys, 
     assert r.code == 2 and "cannot load libfoo.so.3" in r.err
 
 
+def test_an_importer_missing_a_library_fails_before_profiling(lmsys, fake_nsys, monkeypatch, tmp_path):
+    """Checked up front with ldd: without it nsys runs the whole workload and fails at the end."""
+    bin_dir = Path(os.environ["NSYS"]).parent
+    for name, body in (("QdstrmImporter", "exit 0"),
+                       ("ldd", "echo '\tlibdw.so.1 => not found'; echo '\tlibc.so.6 => /lib/libc.so.6'")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    r = lmsys("profile", "nsys", "--out-dir", str(tmp_path / "out"), "--", sys.executable, "-c", "pass")
+    assert r.code == 2 and "would leave only a .qdstrm" in r.err and "libdw.so.1" in r.err
+    assert "libc" not in r.err and "hint:" in r.err
+    calls = [json.loads(line)[0] for line in fake_nsys.read_text().splitlines()] if fake_nsys.exists() else []
+    assert "profile" not in calls
+
+
 def test_the_captured_importer_failure_names_libdw(lmsys, fake_nsys, monkeypatch, tmp_path):
     """The real output of nsys without libdw (captured on the GPU machine by scripts/gpu/profile.sh)."""
     captured = FIXTURES / "qdstrm_failure.txt"

@@ -8,11 +8,11 @@
 # Run from the repo root:  bash scripts/gpu/profile.sh    (PYTHONPATH=src; nothing is installed)
 # $OUT gets: README.md, profile.log, profile_nsys.md, profile_memory.md, fixtures.tar, memory_png.tar,
 #            memory_large_ctx512_fp32_train.png
-# PARTS picks the steps (default "fixtures memtrain nsys memfwd"); NSYS_SIZES the presets of the nsys
-# step (default "small large"); BUDGET the seconds in all (default 465; scripts/gpu/lib.sh).
+# PARTS picks the steps (default "fixtures gputests memtrain nsys memfwd"); NSYS_SIZES the presets of the nsys
+# step (default "small large") and NSYS_CTX its contexts (default "128 256 512"); BUDGET the seconds in all (default 465; scripts/gpu/lib.sh).
 set -u
 source scripts/gpu/lib.sh
-PARTS=${PARTS:-fixtures memtrain nsys memfwd}; NSYS_SIZES=${NSYS_SIZES:-small large}
+PARTS=${PARTS:-fixtures gputests memtrain nsys memfwd}; NSYS_SIZES=${NSYS_SIZES:-small large}; NSYS_CTX=${NSYS_CTX:-128 256 512}
 W=/tmp/lmsys-profile-$$; rm -rf "$W"; mkdir -p "$W/fixtures/nsys" "$W/fixtures/memory"
 budget() { local left=$(( BUDGET - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
@@ -69,10 +69,12 @@ LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" T=90 L profile nsys --out-dir "$W/q2" --
 tar -C "$W" -cf "$OUT/fixtures.tar" fixtures
 tar -tvf "$OUT/fixtures.tar"
 
-echo "== 1d. the profile tests against these fixtures, on the GPU"
 cp -r "$W"/fixtures/* tests/fixtures/
-timeout "$(budget 150)" python3 -m pytest -q -rs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
-  tests/test_profile_memory.py 2>&1 | tail -25
+fi
+if part gputests; then
+echo "== 1d. the profile tests (against the fixtures just captured, when part fixtures ran), on the GPU"
+timeout "$(budget 150)" python3 -m pytest -q -rfs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
+  tests/test_profile_memory.py 2>&1 | tail -40
 fi
 
 mem() {  # mem DTYPE MODE: the context sweep of large
@@ -88,7 +90,7 @@ fi
 
 echo "== 2b. nvtx_sum, top forward kernel, attention split: small and large at 128/256/512 [$(elapsed)s]"
 # (--trace cuda,nvtx: the questions need no osrt/cuBLAS rows, and the reports import faster)
-for size in $NSYS_SIZES; do for ctx in 128 256 512; do
+for size in $NSYS_SIZES; do for ctx in $NSYS_CTX; do
   part nsys || continue
   set -- $size $ctx
   Q="profile nsys --size $1 --context-length $2 --batch-size 4 --warmup 2 --steps 3 --annotate-attention --trace cuda,nvtx"

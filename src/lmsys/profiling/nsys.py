@@ -194,23 +194,39 @@ def find_importer(nsys: str) -> str | None:
     return None
 
 
+def importer_missing_libraries(nsys: str) -> list[str]:
+    """What nsys's importer cannot load, by `ldd` (empty when it cannot tell)."""
+    importer = find_importer(nsys)
+    if not importer or not shutil.which("ldd"):
+        return []
+    try:
+        return missing_libraries(_run(["ldd", importer], timeout=60).stdout)
+    except LmsysError:
+        return []
+
+
+def check_importer(nsys: str) -> None:
+    """Before profiling: an importer that cannot load its libraries would make nsys run the whole
+    workload, write gigabytes of .qdstrm and fail at the end (seen: over 90 s for one CUDA call)."""
+    libs = importer_missing_libraries(nsys)
+    if libs:
+        raise _importer_error(f"nsys would leave only a .qdstrm and no .nsys-rep: its importer cannot load "
+                              f"{', '.join(libs)}")
+
+
 def importer_failure(run: ProfileRun, nsys: str) -> LmsysError:
     """The error for 'nsys left only a .qdstrm': name the library its importer could not load."""
-    libs = missing_libraries(run.output)
-    if not libs:
-        importer = find_importer(nsys)
-        if importer and shutil.which("ldd"):
-            try:
-                libs = missing_libraries(_run(["ldd", importer], timeout=60).stdout)
-            except LmsysError:
-                libs = []
+    libs = missing_libraries(run.output) or importer_missing_libraries(nsys)
     where = run.qdstrm.name if run.qdstrm else "a .qdstrm"
     if libs:
         why = f"its importer cannot load {', '.join(libs)}"
     else:
         why = ("its importer failed ('Importer error status'); on the lent GPU machines the cause was "
                "libdw.so.1 (elfutils) missing")
-    msg = f"nsys left only {where} and no .nsys-rep: {why}"
+    return _importer_error(f"nsys left only {where} and no .nsys-rep: {why}")
+
+
+def _importer_error(msg: str) -> LmsysError:
     hint = ("install libdw1 and libelf1 (elfutils), or unpack their .debs (apt-get download libdw1 libelf1; "
             "dpkg -x FILE DIR) and put DIR/usr/lib/x86_64-linux-gnu on LD_LIBRARY_PATH, then run again")
     return LmsysError(msg, hint=hint)
@@ -425,6 +441,7 @@ def _child_env() -> dict:
 
 def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str, extra: list[str],
              capture_profiler_api: bool, windowed: tuple[str, ...], result_file: Path | None) -> TimeProfile:
+    check_importer(nsys)
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / name
     log = out_dir / f"{name}.log"
