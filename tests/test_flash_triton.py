@@ -262,3 +262,20 @@ def test_gpu_memory_is_linear_in_sequence_length():
         peaks.append(torch.cuda.max_memory_allocated() - base)
         del q, k, v, do, out
     assert 1.8 < peaks[1] / peaks[0] < 2.2, peaks
+
+
+def test_rotate_configs_walks_every_fitting_config_then_restores_autotuning():
+    from lmsys.kernels import flash_triton as ft
+
+    prune = ft._prune_by_head_dim("dkdv")
+    args = {"HEAD_DIM": 64, "Q": torch.empty(1, dtype=torch.bfloat16)}
+    fitting = prune(ft.GPU_CONFIGS["dkdv"], args)
+    assert len(fitting) > 1
+    picked = []
+    for i in range(2 * len(fitting)):
+        with ft.rotate_configs(i):
+            (one,) = prune(ft.GPU_CONFIGS["dkdv"], args)
+            picked.append(one)
+            assert ft.tiles_used("dkdv") == f"{one.kwargs['BLOCK_M']}×{one.kwargs['BLOCK_N']}"
+    assert picked == fitting + fitting
+    assert prune(ft.GPU_CONFIGS["dkdv"], args) == fitting and ft.tiles_used("dkdv") == "autotuned"

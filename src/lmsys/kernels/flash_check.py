@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -131,6 +132,9 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
     """Yield one row per case: errors of O, L, dQ, dK, dV, the tolerance, and pass/FAIL."""
     from lmsys.kernels.attention import attention
 
+    tiles = impl == "flash-triton"
+    if tiles:
+        from lmsys.kernels import flash_triton
     for i, case in enumerate(cases):
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
         dtype = DTYPES[case.dtype]
@@ -140,9 +144,12 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
 
         q, k, v, do = draw(case.n_q), draw(case.n_k), draw(case.n_k), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
-        out = attention(q_, k_, v_, case.causal, impl)
-        lse = _saved_lse(out, q_)
-        dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
+        with flash_triton.rotate_configs(i) if tiles else nullcontext():
+            if tiles:
+                flash_triton.chosen.clear()
+            out = attention(q_, k_, v_, case.causal, impl)
+            lse = _saved_lse(out, q_)
+            dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
 
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
@@ -154,4 +161,6 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         ok = out.dtype == dtype and dq.dtype == dtype and all(e <= tol for e in errors.values())
         yield {"case": i + 1, "leading dims": case.leading, "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
                "dtype": case.dtype, "causal": case.causal, **errors,
+               **({"tiles fwd/dkdv/dq": " / ".join(flash_triton.tiles_used(kernel)
+                                                    for kernel in ("fwd", "dkdv", "dq"))} if tiles else {}),
                "tol": tol, "result": "pass" if ok else "FAIL"}

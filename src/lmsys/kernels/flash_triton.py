@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import triton
@@ -220,11 +220,42 @@ def _prune_by_head_dim(kernel: str):
             cost[c] = (acc / (32 * c.num_warps), smem)
         kept = [c for c in configs if cost[c][0] <= ACC_PER_THREAD and cost[c][1] <= SMEM_BYTES]
         kept = kept or [min(configs, key=lambda c: (cost[c][1], cost[c][0]))]
-        if os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0":
+        if _rotation is not None:
+            kept = [kept[_rotation % len(kept)]]
+        elif os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0":
             kept = kept[:1]
+        chosen[kernel] = kept[0] if len(kept) == 1 else None
         return kept
 
     return prune
+
+
+_rotation: int | None = None
+chosen: dict[str, triton.Config | None] = {}  # kernel -> the config its last new key ran with, if one
+
+
+@contextmanager
+def rotate_configs(index: int):
+    """Inside: each kernel runs, untimed, its `index`-th config that fits (modulo how many fit), for keys
+    first seen inside. `flash check` passes the case number, so N cases exercise every tile shape with one
+    compile per kernel each, instead of compiling and timing them all for every new shape."""
+    global _rotation
+    _rotation, previous = index, _rotation
+    try:
+        yield
+    finally:
+        _rotation = previous
+
+
+def tiles_used(kernel: str) -> str:
+    """BLOCK_M×BLOCK_N of the config `kernel` last ran a new key with (see `rotate_configs`)."""
+    if kernel in chosen:  # pruned for a new key: one config, or several timed
+        config = chosen[kernel]
+    else:  # Triton skips pruning with a single config, and for a key it has seen
+        config = CONFIGS[kernel][0] if len(CONFIGS[kernel]) == 1 else None
+    if config is None:
+        return "autotuned" if kernel in chosen else "cached"
+    return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
 _AUTOTUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]  # the dtype of the tensors is keyed by Triton itself
