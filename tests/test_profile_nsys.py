@@ -246,7 +246,10 @@ def test_fixture_full_summary_attributes_kernels_to_every_phase():
     stats = {name: fixture_rows(name) for name in (*nsys.STATS_REPORTS, *nsys.TRACE_REPORTS)}
     prof = nsys.summarize(stats, windowed=("FWD_STEP", "BWD_STEP", "OPTIM_STEP"))
     # The windows come from the two trace reports: compare with the kernels of that same capture.
-    total_kernel_ns = sum(float(r["Duration (ns)"]) for r in stats["cuda_gpu_trace"])
+    # Kernels only: the trace also lists memory copies and sets (a 'Bytes (MB)' value, a '[CUDA ...' name).
+    kernel_rows = [r for r in stats["cuda_gpu_trace"] if not r["Name"].startswith("[")]
+    assert len(kernel_rows) < len(stats["cuda_gpu_trace"])  # the capture has copies: they are left out
+    total_kernel_ns = sum(float(r["Duration (ns)"]) for r in kernel_rows)
     in_phases = 0.0
     for phase in ("FWD_STEP", "BWD_STEP", "OPTIM_STEP"):
         r = prof.range(phase)
