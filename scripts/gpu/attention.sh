@@ -57,7 +57,7 @@ fi
 
 if has check; then
   t0=$SECONDS
-  LMSYS_FLASH_AUTOTUNE=0 $LMSYS flash check --device cuda --cases 12 --seed 0 -f md >"$OUT/check.md" 2>&1
+  $LMSYS flash check --device cuda --cases 24 --seed 0 -f md >"$OUT/check.md" 2>&1
   say "flash check flash-triton: rc=$? in $((SECONDS - t0)) s: $(tail -n 1 "$OUT/check.md")"
   $LMSYS flash check --device cuda --impl flash-torch --cases 6 --seed 1 -f md >>"$OUT/check.md" 2>&1
   say "flash check flash-torch: rc=$?: $(tail -n 1 "$OUT/check.md")"
