@@ -48,28 +48,3 @@ def test_a_parameter_outliving_its_wrapper_has_no_hook_left(group):
     gc.collect()
     model(torch.randn(3, 4)).sum().backward()  # the old hook would call into a dead wrapper
     assert model.weight.grad is not None
-
-
-def test_bucketed_gradients_stay_views_of_the_buckets_when_zeroed_in_place(group):
-    """What `ddp train` does for BucketedDDP (its zero_grads_in_place flag): no copy into the buckets
-    and no second set of gradients after the first step (on 2xH200, xl: 197 ms/step against torch
-    DDP's 201, docs/benchmarks/ddp.md)."""
-    from lmsys.bench.step import TrainStep
-
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    wrapped = BucketedDDP(model, 0.0001)
-    assert wrapped.zero_grads_in_place
-    step = TrainStep(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), device=torch.device("cpu"),
-                     dtype="fp32", loss_fn=lambda x, y: (wrapped(x) - y).pow(2).mean(), zero_grads_in_place=True)
-    grads = []
-    for _ in range(3):
-        wrapped.on_train_batch_start()
-        step.backward(step.forward(torch.randn(4, 8), torch.randn(4, 1)))
-        wrapped.finish_gradient_synchronization()
-        grads.append([p.grad for p in model.parameters()])
-        step.optimizer_step()
-    buffers = {b.grad_buffer.untyped_storage().data_ptr() for b in wrapped.buckets}
-    for g in grads[1:]:
-        assert all(t.untyped_storage().data_ptr() in buffers for t in g)
-    assert all(a is b for a, b in zip(grads[1], grads[2]))  # the same tensors, zeroed in place
-    assert all(float(t.abs().sum()) == 0 for t in grads[2])  # zeroed after the last step

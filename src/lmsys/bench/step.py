@@ -98,9 +98,8 @@ class TrainStep:
     """forward (loss under autocast) -> backward (grad-scaled for fp16) -> optimizer (step + zero_grad)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, device, dtype: str,
-                 loss_fn=None, autocast: bool = True, zero_grads_in_place: bool = False):
+                 loss_fn=None, autocast: bool = True):
         self.model = model
-        self.set_to_none = not zero_grads_in_place  # in place keeps .grad tensors (DDP bucket views)
         self.optimizer = optimizer
         self.device = device
         self.autocast_dtype = None if (dtype == "fp32" or not autocast) else torch_dtype(dtype)
@@ -125,10 +124,10 @@ class TrainStep:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+        self.optimizer.zero_grad(set_to_none=True)
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+        self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, inputs, targets, mode: str = "train") -> torch.Tensor:
         """One whole step of `mode` (used for warm-up and by tools that do not split phases)."""

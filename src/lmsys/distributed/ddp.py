@@ -271,11 +271,7 @@ class _Bucket:
 
 class BucketedDDP(_DataParallel):
     """Buckets of at most `bucket_size_mb` MiB of gradients (reverse registration order), each
-    all-reduced asynchronously as soon as all its gradients are ready. Zero gradients in place
-    (`zero_grad(set_to_none=False)`) to keep them views of the buckets: set to None, every step
-    allocates them anew and copies them in."""
-
-    zero_grads_in_place = True  # what a training loop should do with this wrapper (see lmsys.distributed.train)
+    all-reduced asynchronously as soon as all its gradients are ready."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None):
         super().__init__(module)

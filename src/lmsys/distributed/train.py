@@ -134,8 +134,7 @@ def make_optimizer(params, *, sharded: bool) -> torch.optim.Optimizer:
 
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer)."""
-    step = TrainStep(model, optimizer, device=device, dtype=dtype,
-                     zero_grads_in_place=getattr(model, "zero_grads_in_place", False))
+    step = TrainStep(model, optimizer, device=device, dtype=dtype)
     finish = getattr(model, "finish_gradient_synchronization", None)
     start = getattr(model, "on_train_batch_start", None)
     timer = RegionTimer(device)
