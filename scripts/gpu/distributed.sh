@@ -2,7 +2,8 @@
 # Distributed runs on 2 GPUs (kind nvidia-h200-x2): issue 4's performance questions, the 2-GPU part of
 # issue 6. From the repository root:
 #     bash scripts/gpu/distributed.sh            # logs and tables under $OUT (default lmsys-out/distributed)
-# Budget: every step has its own `timeout`; the sum of them is 495 s (< 9 min). A failing step does not
+# Budget: every step has its own `timeout`; the sum of them is 595 s (steps took 40+20+90+65+60 s on
+# 2026-11-30). A failing step does not
 # stop the next one. What to look for is in docs/benchmarks/comm.md and docs/benchmarks/ddp.md.
 set -x
 export PYTHONUNBUFFERED=1
@@ -33,9 +34,14 @@ timeout 75 $L comm allreduce --backend nccl --world-size 2 --sizes 1MB,10MB,100M
 # 2. DDP, xl, bf16, batch 4 per rank, context 512: every strategy + torch-ddp + the 1-process row
 #    (scaling efficiency). Look for: bucketed ms/step <= torch-ddp and <= 1.10 x the '1 process' row.
 timeout 240 $L ddp train $XL --strategy naive,flat,overlap,bucketed,torch-ddp,fsdp \
-  --bucket-mb 25,100,400 --comm-dtype fp32,bf16 --warmup 3 --steps 6 \
+  --bucket-mb 25,100 --comm-dtype fp32,bf16 --warmup 3 --steps 6 \
   --format md --output "$OUT/2_ddp_xl.md" > "$OUT/2_ddp_xl.log" 2>&1 \
   || echo "step 2 (ddp train xl) failed: $?" | tee -a "$OUT/failures.txt"
+
+# 2b. bucket sizes against torch DDP with 20 timed steps (step 2's 6 are noisy): ~65 s.
+timeout 100 $L ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 100,200,400 --warmup 3 --steps 20 \
+  --format md --output "$OUT/2b_ddp_xl_buckets.md" > "$OUT/2b_ddp_xl_buckets.log" 2>&1 \
+  || echo "step 2b (ddp train xl buckets) failed: $?" | tee -a "$OUT/failures.txt"
 
 # 3. ShardedOptimizer (ZeRO-1): peak memory per rank and step time with it; compare with the same
 #    rows of step 2 (without). Look for: peak MiB/rank lower by about half of AdamW's state.
@@ -44,7 +50,7 @@ timeout 120 $L ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 100 --sha
   || echo "step 3 (ddp train xl --shard-optimizer) failed: $?" | tee -a "$OUT/failures.txt"
 
 set +x
-for f in "$OUT"/1_comm_nccl.md "$OUT"/2_ddp_xl.md "$OUT"/3_ddp_xl_zero1.md; do
+for f in "$OUT"/1_comm_nccl.md "$OUT"/2_ddp_xl.md "$OUT"/2b_ddp_xl_buckets.md "$OUT"/3_ddp_xl_zero1.md; do
   [ -f "$f" ] && { echo "== $f"; cat "$f"; }
 done
 [ -f "$OUT/failures.txt" ] && { echo "== failures"; cat "$OUT/failures.txt"; }
