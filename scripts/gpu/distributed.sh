@@ -2,7 +2,7 @@
 # Distributed runs on 2 GPUs (kind nvidia-h200-x2): issue 4's performance questions, the 2-GPU part of
 # issue 6. From the repository root:
 #     bash scripts/gpu/distributed.sh            # logs and tables under $OUT (default lmsys-out/distributed)
-# Budget: every step has its own `timeout`; the sum of them is 595 s (steps took 40+20+90+65+60 s on
+# Budget: every step has its own `timeout`; the sum of them is 555 s (steps took 40+20+90+65+60 s on
 # 2026-11-30). A failing step does not
 # stop the next one. What to look for is in docs/benchmarks/comm.md and docs/benchmarks/ddp.md.
 set -x
@@ -33,7 +33,7 @@ timeout 75 $L comm allreduce --backend nccl --world-size 2 --sizes 1MB,10MB,100M
 
 # 2. DDP, xl, bf16, batch 4 per rank, context 512: every strategy + torch-ddp + the 1-process row
 #    (scaling efficiency). Look for: bucketed ms/step <= torch-ddp and <= 1.10 x the '1 process' row.
-timeout 240 $L ddp train $XL --strategy naive,flat,overlap,bucketed,torch-ddp,fsdp \
+timeout 200 $L ddp train $XL --strategy naive,flat,overlap,bucketed,torch-ddp,fsdp \
   --bucket-mb 25,100 --comm-dtype fp32,bf16 --warmup 3 --steps 6 \
   --format md --output "$OUT/2_ddp_xl.md" > "$OUT/2_ddp_xl.log" 2>&1 \
   || echo "step 2 (ddp train xl) failed: $?" | tee -a "$OUT/failures.txt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issues 2 and 7 on one H200 (kind nvidia-h200, or one lane of scripts/gpu/x2_lanes.sh), from the repo
-# root: `bash scripts/gpu/e2e.sh`. PARTS picks and orders the steps (default: all, in this order):
+# root: `bash scripts/gpu/e2e.sh`. PARTS picks the steps (default: all); they run in this order:
 #   compare   2.7b bf16 and small fp32: --fast next to plain eager / plain compiled (--compare)
 #   16k       large at context 16384: the fast path (SDPA; flash-triton) with and without checkpointing
 #   baseline  --mode all over small..2.7b, fp32 and bf16, and --warmup 0/1/2/5 on small
@@ -10,7 +10,10 @@
 set -u
 BUDGET=${BUDGET:-540}; source scripts/gpu/lib.sh
 PARTS=${PARTS:-compare 16k baseline ablation}
-run() { local file=$1; shift; { md "$@"; L "$@" -f md; } >> "$OUT/$file"; }
+run() {  # run FILE lmsys-args: the table under its command in $OUT/FILE (nothing written when skipped)
+  local file=$1; shift
+  if have_time; then { md "$@"; L "$@" -f md; } >> "$OUT/$file"; else L "$@"; fi
+}
 {
 date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
 if part compare; then

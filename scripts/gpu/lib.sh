@@ -2,6 +2,7 @@
 # call under a timeout that never passes the script's BUDGET (seconds since the script started).
 #   T=SECONDS L lmsys-args...   at most T seconds (default 150); skipped, and said so, under 25 s left
 #   md lmsys-args...            a Markdown heading with the command, above its table
+#   have_time                   true when L would still run a command
 #   part NAME                   true when NAME is in $PARTS (a script's default list when unset)
 # nsys's importer needs libdw.so.1, absent from the image (../shared/DEVICE.md): unpack the carried .debs
 # (kept apart from ORIG_LD_LIBRARY_PATH, which reproduces the importer failure for a fixture).
@@ -20,6 +21,7 @@ L() {
   timeout "$t" python3 -m lmsys "$@"; local rc=$?
   [ $rc -eq 0 ] || echo "!! [$(elapsed)s] exit $rc for: lmsys $*" >&2; return 0
 }
+have_time() { [ $(( BUDGET - $(elapsed) )) -ge 25 ]; }  # what L needs to run a command
 md() { printf '\n#### `lmsys %s`\n\n' "$*"; }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 env_line() {

@@ -73,13 +73,13 @@ cp -r "$W"/fixtures/* tests/fixtures/
 fi
 if part gputests; then
 echo "== 1d. the profile tests (against the fixtures just captured, when part fixtures ran), on the GPU"
-timeout "$(budget 150)" python3 -m pytest -q -rfs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
+have_time && timeout "$(budget 150)" python3 -m pytest -q -rfs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
   tests/test_profile_memory.py 2>&1 | tail -40
 fi
 
 mem() {  # mem DTYPE MODE: the context sweep of large
   local Q="profile memory --size large --context-length 128,256,512 --batch-size 4 --dtype $1 --mode $2 --steps 2"
-  echo "#### \`lmsys $Q\`" >> "$OUT/profile_memory.md"
+  have_time && echo "#### \`lmsys $Q\`" >> "$OUT/profile_memory.md"
   T=200 L $Q --out-dir "$W/mem" -f md | tee -a "$OUT/profile_memory.md"
 }
 if part memtrain; then
@@ -94,7 +94,7 @@ for size in $NSYS_SIZES; do for ctx in $NSYS_CTX; do
   part nsys || continue
   set -- $size $ctx
   Q="profile nsys --size $1 --context-length $2 --batch-size 4 --warmup 2 --steps 3 --annotate-attention --trace cuda,nvtx"
-  echo "#### \`lmsys $Q\`" >> "$OUT/profile_nsys.md"
+  have_time && echo "#### \`lmsys $Q\`" >> "$OUT/profile_nsys.md"
   L $Q --out-dir "$W/nsys" -f md | tee -a "$OUT/profile_nsys.md"
 done; done
 
@@ -121,5 +121,6 @@ cat > "$OUT/README.md" <<EOF
 - fixtures.tar: fixtures/nsys/*.csv + COMMAND.md (+ qdstrm_failure.txt), fixtures/memory/snapshot_tiny_train.pickle;
   untar into tests/ (tests/fixtures/...) to replace the placeholders
 EOF
+rm -rf "$W"  # reports and snapshots stay on the machine otherwise, one folder per run
 echo "== done in $(elapsed)s"
 } 2>&1 | tee "$OUT/profile.log"

@@ -14,4 +14,5 @@ for i in 0 1; do
 done
 wait
 for i in 0 1; do [ -f "$OUT/lane$i/stdout.txt" ] && { echo "== lane $i"; tail -5 "$OUT/lane$i/stdout.txt"; }; done
-tar -C "$OUT" -cf "$OUT/lanes.tar" lane0 lane1 2>/dev/null && rm -rf "$OUT/lane0" "$OUT/lane1"
+lanes=$(cd "$OUT" && ls -d lane0 lane1 2>/dev/null)
+[ -n "$lanes" ] && tar -C "$OUT" -cf "$OUT/lanes.tar" $lanes && (cd "$OUT" && rm -rf $lanes)

@@ -145,8 +145,6 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         q, k, v, do = draw(case.n_q), draw(case.n_k), draw(case.n_k), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         with flash_triton.rotate_configs(i) if tiles else nullcontext():
-            if tiles:
-                flash_triton.chosen.clear()
             out = attention(q_, k_, v_, case.causal, impl)
             lse = _saved_lse(out, q_)
             dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))

@@ -224,38 +224,42 @@ def _prune_by_head_dim(kernel: str):
             kept = [kept[_rotation % len(kept)]]
         elif os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0":
             kept = kept[:1]
-        chosen[kernel] = kept[0] if len(kept) == 1 else None
         return kept
 
     return prune
 
 
 _rotation: int | None = None
-chosen: dict[str, triton.Config | None] = {}  # kernel -> the config its last new key ran with, if one
+
+
+def _tuners() -> dict:
+    """The three autotuned kernels by name (defined below)."""
+    return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
 @contextmanager
 def rotate_configs(index: int):
     """Inside: each kernel runs, untimed, its `index`-th config that fits (modulo how many fit), for keys
-    first seen inside. `flash check` passes the case number, so N cases exercise every tile shape with one
-    compile per kernel each, instead of compiling and timing them all for every new shape."""
+    it has not cached yet. `flash check` passes the case number, so N cases exercise every tile shape
+    with one compile per kernel each, instead of compiling and timing them all for every new shape.
+    Keys cached inside are dropped on the way out: later calls with those shapes autotune as usual."""
     global _rotation
+    tuners = list(_tuners().values())
+    before = [set(t.cache) for t in tuners]
     _rotation, previous = index, _rotation
     try:
         yield
     finally:
         _rotation = previous
+        for tuner, keys in zip(tuners, before):
+            for key in set(tuner.cache) - keys:
+                del tuner.cache[key]
 
 
 def tiles_used(kernel: str) -> str:
-    """BLOCK_M×BLOCK_N of the config `kernel` last ran a new key with (see `rotate_configs`)."""
-    if kernel in chosen:  # pruned for a new key: one config, or several timed
-        config = chosen[kernel]
-    else:  # Triton skips pruning with a single config, and for a key it has seen
-        config = CONFIGS[kernel][0] if len(CONFIGS[kernel]) == 1 else None
-    if config is None:
-        return "autotuned" if kernel in chosen else "cached"
-    return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
+    """BLOCK_M×BLOCK_N of the config `kernel` ("fwd", "dkdv", "dq") last ran with."""
+    config = getattr(_tuners()[kernel], "best_config", None)
+    return "—" if config is None else f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
 _AUTOTUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]  # the dtype of the tensors is keyed by Triton itself
