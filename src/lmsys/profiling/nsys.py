@@ -84,9 +84,8 @@ def find_nsys(env: dict | None = None, search_globs: tuple[str, ...] | None = No
 
 
 def nsys_version(nsys: str) -> str | None:
-    try:
-        out = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = _output([nsys, "--version"])
+    if out is None:
         return None
     m = re.search(r"\d{4}\.\d+(?:\.\d+)*(?:[-.]\w+)*", out)
     return m.group(0) if m else (out.strip() or None)
@@ -111,11 +110,7 @@ OPTIONAL_PROFILE_FLAGS = ("--stats", "--sample", "--cpuctxsw")
 
 def supported_flags(nsys: str) -> set[str] | None:
     """The long options `nsys profile --help` lists (None when the help cannot be read)."""
-    try:
-        proc = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = set(re.findall(r"(--[a-z][a-z0-9-]+)", proc.stdout + proc.stderr))
+    found = set(re.findall(r"(--[a-z][a-z0-9-]+)", _output([nsys, "profile", "--help"]) or ""))
     return found or None
 
 
@@ -144,6 +139,14 @@ def _run(cmd: list[str], *, env: dict | None = None, log: Path | None = None, ti
         with open(log, "a") as f:
             f.write(f"$ {shlex.join(cmd)}\n{proc.stdout}\n[exit {proc.returncode}]\n\n")
     return proc
+
+
+def _output(cmd: list[str]) -> str | None:
+    """stdout + stderr of a short query (--version, --help, ldd), or None when it cannot run."""
+    try:
+        return _run(cmd, timeout=60).stdout
+    except LmsysError:
+        return None
 
 
 # --------------------------------------------------------------------------- profile: run and check
@@ -199,10 +202,7 @@ def importer_missing_libraries(nsys: str) -> list[str]:
     importer = find_importer(nsys)
     if not importer or not shutil.which("ldd"):
         return []
-    try:
-        return missing_libraries(_run(["ldd", importer], timeout=60).stdout)
-    except LmsysError:
-        return []
+    return missing_libraries(_output(["ldd", importer]) or "")
 
 
 def check_importer(nsys: str) -> None:
