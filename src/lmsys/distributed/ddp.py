@@ -45,7 +45,7 @@ from torch import nn
 from lmsys.core.parsing import MiB
 
 
-__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "broadcast_module_state"]
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "all_reduce_flat", "broadcast_module_state"]
 
 
 def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
@@ -55,6 +55,22 @@ def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
         works = [dist.broadcast(t.data, src=src, async_op=True) for t in tensors]
         for work in works:
             work.wait()
+
+
+def all_reduce_flat(tensors: list[torch.Tensor], *, op=dist.ReduceOp.SUM,
+                    prescale: Optional[float] = None) -> list[torch.Tensor]:
+    """Flatten -> one all-reduce -> unflatten: `tensors` (one dtype and device) concatenated into one
+    buffer, scaled by `prescale` if given, reduced with `op`; returns views of the reduced buffer shaped
+    like the inputs. FlatDDP reduces its gradients with it, FSDP where reduce-scatter is missing."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    if prescale is not None:
+        flat.mul_(prescale)
+    dist.all_reduce(flat, op=op)
+    views, offset = [], 0
+    for t in tensors:
+        views.append(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return views
 
 
 def _averaging_op() -> tuple[dist.ReduceOp, Optional[float]]:
@@ -156,30 +172,23 @@ class FlatDDP(_DataParallel):
         for p in self._params:
             groups.setdefault(p.dtype, []).append(p)
         present = [p.grad is not None for p in self._params]
-        flats = []
+        reduced = []
         for i, (dtype, params) in enumerate(groups.items()):
-            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
             if i == 0:  # flags: 1 per parameter present here; after the sum, >0 means some rank had one
                 parts.append(presence_flags(present, dtype=dtype, device=self._device))
-            flat = torch.cat(parts)
-            if self._prescale is not None:
-                flat.mul_(self._prescale)  # flags too: they only need to stay > 0
-            flats.append(flat)
-        for flat in flats:
-            dist.all_reduce(flat, op=self._op)
-        if not flats:
+            # the prescale scales the flags too: they only need to stay > 0
+            reduced.append(all_reduce_flat(parts, op=self._op, prescale=self._prescale))
+        if not reduced:
             return
         if all(present):  # present here, so present somewhere: no need to read the flags
             any_rank = [True] * len(present)
         else:
-            any_rank = (flats[0][flats[0].numel() - len(present):] > 0).tolist()
+            any_rank = (reduced[0][-1] > 0).tolist()
         used = dict(zip(map(id, self._params), any_rank))
-        for flat, params in zip(flats, groups.values()):
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p) if used[id(p)] else None
-                offset += n
+        for views, params in zip(reduced, groups.values()):
+            for p, view in zip(params, views):
+                p.grad = view if used[id(p)] else None
 
 
 class OverlapDDP(_DataParallel):

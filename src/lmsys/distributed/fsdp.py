@@ -1,101 +1,169 @@
-"""Fully sharded data parallelism, written out: each rank keeps 1/world of every weight matrix.
+"""Fully sharded data parallelism, written out: per-unit flat shards, prefetched gathers, async reductions.
 
-`FSDP(module, compute_dtype=None)`:
-- Parameters with >= 2 dims (Linear and Embedding weights) are split along dim 0: rank r keeps rows
-  [r·k, (r+1)·k) with k = ceil(rows / world) (zero-padded at the end). These shards are the parameters
-  the optimizer sees, so weights, gradients and optimizer state of them are ~1/world per rank.
-- 1-D parameters (norm gains) stay replicated; their gradients are all-reduced (averaged) by
-  `finish_gradient_synchronization()`.
-- A module that owns a sharded weight gets it all-gathered right before its forward (a forward
-  pre-hook) and dropped after (a forward hook). What autograd would save of it for backward is replaced
-  by a note (saved-tensor hooks, active inside `FSDP.forward`) and all-gathered again when backward
-  needs it, then dropped. The gather's backward reduce-scatters the full weight's gradient into the
-  shard (and divides by world: the average over ranks, i.e. the full-batch gradient when the loss is a
-  mean over equal local batches).
-- With `compute_dtype` (e.g. torch.bfloat16), shards are cast before the all-gather, so communication
-  and compute happen in that dtype, as do the other parameters of those modules (a Linear's bias);
-  master weights and gradients stay fp32 (gradients are reduce-scattered in fp32).
+`FSDP(module, compute_dtype=None, *, units=None)`:
+- **Units.** Every child of an `nn.ModuleList` (a TransformerBlock of `model.layers`) is a unit; the
+  rest of the model (embeddings, final norm, LM head, and any parameter shared between units, i.e. tied
+  weights) is the root unit. `units=` names the unit modules explicitly.
+- **One flat shard per unit.** A unit's trainable parameters, 1-D ones included, are flattened into one
+  fp32 buffer, zero-padded to a multiple of the world size; rank r keeps the r-th 1/world of it as one
+  `nn.Parameter` (what the optimizer sees: weights, gradients and optimizer state are ~1/world per rank).
+  Frozen parameters get a second flat shard of their own (no gradient).
+- **Forward.** A unit's pre-hook waits for its gather (or gathers now), then issues the all-gather of
+  the NEXT unit (registration order) on a side CUDA stream, before the current unit's compute is queued;
+  the shard is cast to `compute_dtype` before the gather (bf16: half the bytes). The unit's modules see
+  views of the gathered flat buffer (split of one leaf: autograd produces one flat gradient per unit).
+  After a block unit's forward its full buffer's storage is resized to 0; the root stays gathered until
+  its gradient is reduced.
+- **Backward.** An identity autograd function on each block unit's outputs fires when their gradient
+  arrives, before the unit's own backward: it gathers the unit again into the same storage (the saved
+  views become valid again; the gathered buffer's version counter is not the leaf's, so autograd's
+  in-place check is not tripped) and prefetches the unit before it in this step's forward order. When
+  the unit's flat gradient is complete (a post-accumulate-grad hook on the leaf) it is cast to fp32 and
+  reduce-scattered on a second side stream, asynchronously; the full parameters and gradient are freed.
+  `finish_gradient_synchronization()` waits for the reductions (the caller runs it before the optimizer)
+  and sets each shard's `.grad` to the average over ranks (accumulating if a `.grad` is already there).
+- **Streams and the caching allocator.** Full buffers are allocated on the compute stream; a side
+  stream waits for the compute stream before writing into one, and the compute stream waits for the
+  gather's event before reading it, and frees it only after its last reader is queued, so the allocator
+  never hands out memory in flight. A gradient read by the reduce-scatter stream is `record_stream`-ed.
+  On the CPU (gloo) there are no streams: the same code runs synchronously.
 - `gather_full_params()` returns full fp32 copies keyed by the wrapped module's parameter names.
 
-All ranks must run the same modules in the same order (every gather is a collective). Collectives are
-synchronous: this is the memory-saving mechanism, not an overlapped implementation.
+All ranks must run the same units in the same order, forward and backward (every gather is a
+collective), each unit once per step. fp32 (`compute_dtype=None`) trains like one process on the full
+batch up to the order of summation.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import weakref
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.distributed.ddp import broadcast_module_state, presence_flags
+from lmsys.distributed.ddp import all_reduce_flat, broadcast_module_state
 
 __all__ = ["FSDP"]
 
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
+    """Sum of `flat` over ranks, this rank's 1/world slice into `out`. gloo lacks reduce_scatter_tensor
+    on some torch versions: there, one all-reduce and a slice (the same numbers, twice the bytes)."""
+    if getattr(_reduce_scatter, "fallback", False):
+        summed = all_reduce_flat([flat])[0]
+        n = out.numel()
+        out.copy_(summed[dist.get_rank() * n:(dist.get_rank() + 1) * n])
+        return
+    try:
+        dist.reduce_scatter_tensor(out, flat)
+    except (RuntimeError, NotImplementedError, ValueError) as exc:
+        if dist.get_backend() == "nccl":
+            raise
+        _reduce_scatter.fallback = True  # every rank fails the same way before communicating
+        del exc
+        _reduce_scatter(out, flat)
 
 
-class _ShardedParam:
-    """One sharded weight: its shard (an nn.Parameter), full shape, and the modules that use it."""
+class _FlatGroup:
+    """Some parameters of one unit as one flat buffer: the fp32 shard this rank keeps, and the full
+    buffer (in the compute dtype) whose storage exists only while the unit is gathered."""
 
-    def __init__(self, name: str, full: nn.Parameter, *, rank: int, world: int):
-        self.name = name
-        self.shape = full.shape
-        self.rows = full.shape[0]
-        self.rows_per_rank = -(-self.rows // world)  # ceil
+    def __init__(self, params: list[nn.Parameter], *, rank: int, world: int, compute_dtype, trainable: bool):
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"FSDP: one unit's parameters must share a dtype, got {sorted(map(str, dtypes))}")
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
+        total = sum(self.numels)
         self.world = world
+        self.shard_numel = -(-total // world)
+        self.padded = self.shard_numel * world
+        self.pad = self.padded - total
+        device = params[0].device
         with torch.no_grad():
-            padded = full.new_zeros((self.rows_per_rank * world, *self.shape[1:]))
-            padded[:self.rows] = full
-            local = padded[rank * self.rows_per_rank:(rank + 1) * self.rows_per_rank].clone()
-        self.shard = nn.Parameter(local, requires_grad=full.requires_grad)
+            flat = torch.zeros(self.padded, dtype=params[0].dtype, device=device)
+            torch.cat([p.detach().reshape(-1) for p in params], out=flat[:total])
+            local = flat[rank * self.shard_numel:(rank + 1) * self.shard_numel].clone()
+        self.shard = nn.Parameter(local, requires_grad=trainable)
+        self.trainable = trainable
+        self.gather_dtype = compute_dtype or params[0].dtype
+        self.full = torch.empty(self.padded, dtype=self.gather_dtype, device=device)
+        self._nbytes = self.full.untyped_storage().nbytes()
+        self.full.untyped_storage().resize_(0)
 
-    def gather(self, dtype: Optional[torch.dtype]) -> torch.Tensor:
-        """The full weight (no autograd), in `dtype` (or the shard's); a view of the padded buffer."""
-        shard = self.shard.detach()
-        if dtype is not None and dtype != shard.dtype:
-            shard = shard.to(dtype)
-        out = shard.new_empty((self.rows_per_rank * self.world, *self.shape[1:]))
-        _all_gather(out, shard.contiguous())
-        return out[:self.rows]
+    # storage of the gathered buffer -------------------------------------------------------------
+    def allocate(self) -> None:
+        if self.full.untyped_storage().nbytes() == 0:
+            self.full.untyped_storage().resize_(self._nbytes)
 
-    def reduce_scatter_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
-        """Full-weight gradient (any float dtype) -> this rank's shard of the average over ranks (fp32)."""
-        grad = grad_full.to(self.shard.dtype)
-        if self.rows_per_rank * self.world == self.rows:
-            padded = grad.contiguous()
-        else:
-            padded = grad.new_zeros((self.rows_per_rank * self.world, *self.shape[1:]))
-            padded[:self.rows] = grad
-        out = grad.new_empty((self.rows_per_rank, *self.shape[1:]))
-        _reduce_scatter(out, padded)
-        return out.div_(self.world)
+    def free(self) -> None:
+        self.full.untyped_storage().resize_(0)
+
+    @property
+    def allocated(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def all_gather(self) -> None:
+        """The shard, cast to the gather dtype, all-gathered into `full` (on the current stream)."""
+        src = self.shard.detach()
+        if src.dtype != self.gather_dtype:
+            src = src.to(self.gather_dtype)
+        with torch.no_grad():
+            dist.all_gather_into_tensor(self.full, src)
+
+    def views(self, requires_grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(leaf, per-parameter views): the leaf shares `full`'s storage but not its version counter,
+        so gathering into `full` again does not invalidate what autograd saved of the views."""
+        leaf = self.full.data
+        if requires_grad:
+            leaf.requires_grad_(True)
+        sizes = self.numels + ([self.pad] if self.pad else [])
+        parts = leaf.split(sizes)
+        return leaf, [part.view(shape) for part, shape in zip(parts, self.shapes)]
 
 
-class _GatherWeight(torch.autograd.Function):
-    """forward: all-gather the shard into the full weight; backward: reduce-scatter its gradient."""
+class _PreBackward(torch.autograd.Function):
+    """Identity on a unit's outputs; its backward runs before the unit's own backward nodes."""
 
     @staticmethod
-    def forward(ctx, shard, entry: _ShardedParam, dtype):
-        ctx.entry = entry
-        return entry.gather(dtype)
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        return tuple(t.view_as(t) for t in tensors)
 
     @staticmethod
-    def backward(ctx, grad_full):
-        return ctx.entry.reduce_scatter_grad(grad_full), None, None
+    def backward(ctx, *grads):
+        ctx.callback()
+        return (None, *grads)
 
 
-class _Regather:
-    """What autograd keeps instead of a gathered weight: enough to gather it again in backward."""
+class _Unit:
+    """A module whose parameters are gathered and freed together."""
 
-    def __init__(self, entry: _ShardedParam, dtype, size, stride, offset):
-        self.entry, self.dtype, self.size, self.stride, self.offset = entry, dtype, size, stride, offset
+    def __init__(self, index: int, module: nn.Module, slots: list[tuple[nn.Module, str, nn.Parameter]],
+                 *, root: bool, rank: int, world: int, compute_dtype):
+        self.index, self.module, self.root = index, module, root
+        self.trainable_slots = [s for s in slots if s[2].requires_grad]
+        self.frozen_slots = [s for s in slots if not s[2].requires_grad]
+        self.groups: list[tuple[_FlatGroup, list]] = []
+        for group_slots, trainable in ((self.trainable_slots, True), (self.frozen_slots, False)):
+            if group_slots:
+                unique = list({id(p): p for _, _, p in group_slots}.values())
+                group = _FlatGroup(unique, rank=rank, world=world, compute_dtype=compute_dtype,
+                                   trainable=trainable)
+                index_of = {id(p): i for i, p in enumerate(unique)}
+                self.groups.append((group, [(m, attr, index_of[id(p)]) for m, attr, p in group_slots]))
+        self.state = "free"  # free | gathering | gathered
+        self.event = None
+        self.leaf: Optional[torch.Tensor] = None
+        self.backward_started = False
+        self.gathers = 0  # all-gathers issued (tests count them)
 
 
 class FSDP(nn.Module):
-    def __init__(self, module: nn.Module, compute_dtype: Optional[torch.dtype] = None):
+    def __init__(self, module: nn.Module, compute_dtype: Optional[torch.dtype] = None, *,
+                 units: Optional[Iterable[nn.Module]] = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs an initialised torch.distributed process group")
@@ -103,110 +171,252 @@ class FSDP(nn.Module):
         self.compute_dtype = compute_dtype
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         broadcast_module_state(module)
+        named = list(module.named_parameters())  # tied weights: listed once, under the first name
+        self._names = [name for name, _ in named]
+        device = named[0][1].device if named else torch.device("cpu")
+        self._streams = device.type == "cuda"
+        if self._streams:
+            self._gather_stream = torch.cuda.Stream(device)
+            self._reduce_stream = torch.cuda.Stream(device)
 
-        original = list(module.named_parameters())  # tied weights: listed once, under the first name
-        self._names = [name for name, _ in original]
+        unit_modules = list(units) if units is not None else _default_units(module)
+        self.units = self._build_units(module, unit_modules)
+        self._locate = {}  # parameter name -> (unit, group index, position in the group)
+        self._record_names(named)
+        self.shards = nn.ParameterList([g.shard for u in self.units for g, _ in u.groups])
+        self._blocks = [u for u in self.units if not u.root]
+        self._root = self.units[0]
+        self._pending: list[tuple[_FlatGroup, torch.Tensor, object]] = []
+        self._order: list[_Unit] = []
+        me = weakref.ref(self)
+        for unit in self._blocks:
+            unit.module.register_forward_pre_hook(_weak(me, "_before_unit_forward", unit))
+            unit.module.register_forward_hook(_weak(me, "_after_unit_forward", unit))
 
-        self._sharded: dict[int, _ShardedParam] = {}  # id(original parameter) -> its shard
-        for name, p in original:
-            if p.dim() >= 2:
-                self._sharded[id(p)] = _ShardedParam(name, p, rank=self.rank, world=self.world_size)
-        self._by_name = {name: self._sharded.get(id(p), p) for name, p in original}
+    # ------------------------------------------------------------------------------------ construction
 
-        # Every parameter of a module that owns a sharded weight is provided by that module's hooks.
-        self._managed: dict[nn.Module, list[tuple[str, object]]] = {}  # module -> [(attr, entry or param)]
-        extra: list[nn.Parameter] = []
-        for mod in module.modules():
-            owned = [(attr, p) for attr, p in mod._parameters.items() if p is not None]
-            if not any(id(p) in self._sharded for _, p in owned):
+    def _build_units(self, module: nn.Module, unit_modules: list[nn.Module]) -> list[_Unit]:
+        owner: dict[int, int] = {}  # id(module) -> unit index (0: root)
+        for i, unit_module in enumerate(unit_modules, start=1):
+            for m in unit_module.modules():
+                owner[id(m)] = i
+        slots: dict[int, list[tuple[nn.Module, str, nn.Parameter]]] = {}
+        where: dict[int, set[int]] = {}
+        for m in module.modules():
+            for attr, p in list(m._parameters.items()):
+                if p is None:
+                    continue
+                slots.setdefault(id(p), []).append((m, attr, p))
+                where.setdefault(id(p), set()).add(owner.get(id(m), 0))
+        per_unit: list[list] = [[] for _ in range(len(unit_modules) + 1)]
+        for pid, uses in slots.items():
+            home = next(iter(where[pid])) if len(where[pid]) == 1 else 0  # shared across units: root
+            per_unit[home].extend(uses)
+        for uses in slots.values():
+            for m, attr, _ in uses:
+                del m._parameters[attr]
+        mods = [module] + unit_modules
+        return [_Unit(i, mods[i], per_unit[i], root=i == 0, rank=self.rank, world=self.world_size,
+                      compute_dtype=self.compute_dtype) for i in range(len(mods))]
+
+    def _record_names(self, named) -> None:
+        position = {}
+        for unit in self.units:
+            for g, (group, slots) in enumerate(unit.groups):
+                for m, attr, k in slots:
+                    position.setdefault((id(m), attr), (unit, g, k))
+        prefix_modules = dict(self.module.named_modules())
+        for name, _ in named:
+            mod_name, _, attr = name.rpartition(".")
+            self._locate[name] = position[(id(prefix_modules[mod_name]), attr)]
+
+    # --------------------------------------------------------------------------------------- gathering
+
+    def _gather(self, unit: _Unit) -> None:
+        """Issue unit's all-gather (on the side stream on a GPU); no-op if gathered or in flight."""
+        if unit.state != "free":
+            return
+        for group, _ in unit.groups:
+            group.allocate()  # on the compute stream: its pool owns the block
+        unit.gathers += 1
+        if not self._streams:
+            for group, _ in unit.groups:
+                group.all_gather()
+            unit.state = "gathered"
+            return
+        compute = torch.cuda.current_stream()
+        self._gather_stream.wait_stream(compute)  # the block may be memory the compute stream just freed
+        with torch.cuda.stream(self._gather_stream):
+            for group, _ in unit.groups:
+                group.all_gather()
+            unit.event = self._gather_stream.record_event()
+        unit.state = "gathering"
+
+    def _wait(self, unit: _Unit) -> None:
+        self._gather(unit)
+        if unit.state == "gathering":
+            torch.cuda.current_stream().wait_event(unit.event)
+            unit.event = None
+        unit.state = "gathered"
+
+    def _install(self, unit: _Unit) -> None:
+        """The unit's modules get views of the gathered buffers as their parameters."""
+        grad = torch.is_grad_enabled()
+        unit.leaf = None
+        for group, slots in unit.groups:
+            leaf, views = group.views(requires_grad=grad and group.trainable)
+            if grad and group.trainable:
+                unit.leaf = leaf
+                me = weakref.ref(self)
+                leaf.register_post_accumulate_grad_hook(_weak(me, "_after_unit_backward", unit))
+            for m, attr, k in slots:
+                m.__dict__[attr] = views[k]
+        unit.backward_started = False
+
+    def _free(self, unit: _Unit, *, trainable_only: bool = False) -> None:
+        """Release the gathered storage. After a unit's gradient is complete only its trainable group
+        goes: an op on a frozen weight may still be ahead in backward (the rest goes at finish)."""
+        for group, slots in unit.groups:
+            if trainable_only and not group.trainable:
                 continue
-            slots = []
-            for attr, p in owned:
-                del mod._parameters[attr]
-                slots.append((attr, self._sharded.get(id(p), p)))
-                if id(p) not in self._sharded and not any(p is q for q in extra):
-                    extra.append(p)
-            self._managed[mod] = slots
-            mod.register_forward_pre_hook(self._before_forward)
-            mod.register_forward_hook(self._after_forward)
-        self.shards = nn.ParameterList([e.shard for e in self._sharded.values()])  # what the optimizer sees,
-        self.managed_params = nn.ParameterList(extra)  # with those modules' other (replicated) parameters
-        shard_ids = {id(e.shard) for e in self._sharded.values()}
-        self._replicated = [p for p in self.parameters() if id(p) not in shard_ids]
-        self._live: dict[int, _ShardedParam] = {}  # storage pointer of a gathered weight -> its entry
+            group.free()
+            for m, attr, _ in slots:
+                m.__dict__.pop(attr, None)
+        if not any(group.allocated for group, _ in unit.groups):
+            unit.state = "free"
 
-    # ------------------------------------------------------------------------------- forward, backward
+    def _prefetch_after(self, unit: _Unit, order: list[_Unit], step: int) -> None:
+        if unit in order:
+            i = order.index(unit) + step
+            if 0 <= i < len(order):
+                self._gather(order[i])
+
+    # ----------------------------------------------------------------------------------- forward hooks
 
     def forward(self, *args, **kwargs):
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            return self.module(*args, **kwargs)
+        self._order = []
+        for unit in self.units:  # left gathered by a forward without backward (or partly, by backward)
+            if unit.state != "free":
+                self._wait(unit)
+                self._free(unit)
+        self._wait(self._root)
+        self._install(self._root)
+        if self._blocks:
+            self._gather(self._blocks[0])
+        return self.module(*args, **kwargs)
 
-    def _before_forward(self, mod: nn.Module, args) -> None:
-        for attr, item in self._managed[mod]:
-            if isinstance(item, _ShardedParam):
-                full = _GatherWeight.apply(item.shard, item, self.compute_dtype)
-                self._live[full.untyped_storage().data_ptr()] = item
-            elif self.compute_dtype is not None and item.is_floating_point():
-                full = item.to(self.compute_dtype)
-            else:
-                full = item
-            mod.__dict__[attr] = full
+    def _before_unit_forward(self, unit: _Unit, module, args) -> None:
+        self._wait(unit)
+        self._prefetch_after(unit, self._blocks, +1)  # before this unit's compute is queued
+        self._install(unit)
+        self._order.append(unit)
 
-    def _after_forward(self, mod: nn.Module, args, output) -> None:
-        for attr, item in self._managed[mod]:
-            full = mod.__dict__.pop(attr, None)
-            if isinstance(item, _ShardedParam) and full is not None:
-                self._live.pop(full.untyped_storage().data_ptr(), None)
+    def _after_unit_forward(self, unit: _Unit, module, args, output):
+        self._free(unit)
+        if not torch.is_grad_enabled():
+            return output
+        me = weakref.ref(self)
+        callback = _weak(me, "_before_unit_backward", unit)
+        if isinstance(output, torch.Tensor):
+            return _PreBackward.apply(callback, output)[0] if output.requires_grad else output
+        if isinstance(output, (tuple, list)):
+            idx = [i for i, t in enumerate(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not idx:
+                return output
+            wrapped = _PreBackward.apply(callback, *(output[i] for i in idx))
+            out = list(output)
+            for i, t in zip(idx, wrapped):
+                out[i] = t
+            return type(output)(out)
+        return output
 
-    def _pack(self, t: torch.Tensor):
-        if not self._live:
-            return t
-        try:
-            entry = self._live.get(t.untyped_storage().data_ptr())
-        except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
-            return t
-        if entry is None:
-            return t
-        return _Regather(entry, t.dtype, t.size(), t.stride(), t.storage_offset())
+    # ---------------------------------------------------------------------------------- backward hooks
 
-    def _unpack(self, saved):
-        if not isinstance(saved, _Regather):
-            return saved
-        full = saved.entry.gather(saved.dtype)  # a view at offset 0 of a fresh padded buffer
-        return full.as_strided(saved.size, saved.stride, saved.offset)
+    def _before_unit_backward(self, unit: _Unit) -> None:
+        if unit.backward_started:
+            return
+        unit.backward_started = True
+        self._wait(unit)  # back into the storage autograd's saved views point at
+        self._prefetch_after(unit, self._order, -1)
+
+    def _after_unit_backward(self, unit: _Unit, leaf: torch.Tensor) -> None:
+        grad = leaf.grad
+        leaf.grad = None
+        group = unit.groups[0][0]  # the trainable group
+        grad32 = grad if grad.dtype == torch.float32 else grad.float()
+        out = torch.empty(group.shard_numel, dtype=torch.float32, device=grad.device)
+        if self._streams:
+            compute = torch.cuda.current_stream()
+            self._reduce_stream.wait_stream(compute)
+            with torch.cuda.stream(self._reduce_stream):
+                _reduce_scatter(out, grad32)
+                grad32.record_stream(self._reduce_stream)
+                event = self._reduce_stream.record_event()
+        else:
+            _reduce_scatter(out, grad32)
+            event = None
+        self._pending.append((group, out, event))
+        unit.leaf = None
+        del grad, grad32
+        self._free(unit, trainable_only=True)
 
     # --------------------------------------------------------------------------------------- after backward
 
     def finish_gradient_synchronization(self) -> None:
-        """Average the replicated parameters' gradients (sharded ones were reduce-scattered in backward)."""
-        params = [p for p in self._replicated if p.requires_grad]
-        if not params:
-            return
-        device = params[0].device
-        present = [p.grad is not None for p in params]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in params] + [presence_flags(present, dtype=torch.float32, device=device)])
-        dist.all_reduce(flat)
-        if all(present):  # present here, so present somewhere
-            anywhere = [True] * len(params)
-        else:
-            anywhere = (flat[flat.numel() - len(params):] > 0).tolist()
-        flat.div_(self.world_size)
-        offset = 0
-        for p, used in zip(params, anywhere):
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if used else None
-            offset += n
+        """Wait for every unit's reduce-scatter; each shard's `.grad` is its slice of the rank average."""
+        for group, out, event in self._pending:
+            if event is not None:
+                torch.cuda.current_stream().wait_event(event)
+            out.div_(self.world_size)
+            if group.shard.grad is None:
+                group.shard.grad = out
+            else:
+                group.shard.grad.add_(out)
+        self._pending = []
+        for unit in self.units:  # units without trainable parameters are freed here
+            if unit.state != "free":
+                self._wait(unit)
+                self._free(unit)
+            unit.leaf = None
 
     @torch.no_grad()
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """Full fp32 copies of every parameter, by the wrapped module's names (a collective: all ranks)."""
-        out = {}
-        for name in self._names:
-            item = self._by_name[name]
-            if isinstance(item, _ShardedParam):
-                out[name] = item.gather(torch.float32).clone()
-            else:
-                out[name] = item.detach().float().clone()
-        return out
+        flats = {}
+        for unit in self.units:
+            for g, (group, _) in enumerate(unit.groups):
+                full = group.shard.new_empty(group.padded)
+                dist.all_gather_into_tensor(full, group.shard.detach())
+                sizes = group.numels + ([group.pad] if group.pad else [])
+                flats[(unit.index, g)] = [part.view(shape).float().clone()
+                                          for part, shape in zip(full.split(sizes), group.shapes)]
+        return {name: flats[(unit.index, g)][k] for name, (unit, g, k) in self._locate.items()}
 
+    def gathered_units(self) -> int:
+        """How many units hold gathered parameters now (0 between steps)."""
+        return sum(any(g.allocated for g, _ in u.groups) for u in self.units)
+
+
+def _default_units(module: nn.Module) -> list[nn.Module]:
+    """The children of every nn.ModuleList not inside an earlier unit (a Transformer's blocks)."""
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in module.modules():
+        if id(m) in inside or not isinstance(m, nn.ModuleList):
+            continue
+        for child in m:
+            units.append(child)
+            inside.update(id(c) for c in child.modules())
+    return units
+
+
+def _weak(ref, method: str, unit: _Unit):
+    """A hook calling `ref().method(unit, ...)` without keeping the FSDP wrapper alive."""
+
+    def hook(*args):
+        owner = ref()
+        if owner is not None:
+            return getattr(owner, method)(unit, *args)
+        return None
+
+    return hook
