@@ -39,14 +39,28 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight).to(x.dtype)
 
 
+class Block(nn.Module):
+    """An FSDP unit (a child of an nn.ModuleList): a biased Linear and a norm gain (1-D parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(DIM)
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, h):
+        return h + torch.tanh(self.proj(self.norm(h)))
+
+
 class ToyLM(nn.Module):
     def __init__(self, *, tied: bool, frozen: bool, skip_unused: bool = True):
         super().__init__()
         self.skip_unused = skip_unused
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.proj = nn.Linear(DIM, DIM)  # with a bias (1-D, replicated under FSDP)
+        self.blocks = nn.ModuleList([Block(), Block()])
         self.frozen = nn.Linear(DIM, DIM, bias=False)
         self.frozen.weight.requires_grad_(not frozen)
+        # a unit with trainable and frozen parameters: FSDP keeps two flat shards for it
+        self.blocks[1].proj.weight.requires_grad_(not frozen)
         self.rare = nn.Linear(DIM, DIM, bias=False)  # no gradient where no sequence starts with RARE
         self.norm = RMSNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB, bias=False)
@@ -55,7 +69,8 @@ class ToyLM(nn.Module):
 
     def forward(self, tokens):  # tokens: [B, S]
         h = self.embed(tokens)
-        h = h + torch.tanh(self.proj(h))
+        for block in self.blocks:
+            h = block(h)
         h = h + self.frozen(h)
         idx = (tokens[:, 0] == RARE).nonzero().flatten()
         if idx.numel() or not self.skip_unused:  # FSDP: every rank must run every module
@@ -133,8 +148,8 @@ def train_reference(s: dict, batches) -> dict[str, torch.Tensor]:
     opt = make_optimizer(s["opt"], [p for p in model.parameters() if p.requires_grad])
     for seqs in batches:
         opt.zero_grad(set_to_none=True)
-        if s["wrap"].endswith("fp16"):  # compute as FSDP does: weights of Linear/Embedding modules in fp16
-            params = {n: (p.half() if not n.startswith("norm.") else p) for n, p in model.named_parameters()}
+        if s["wrap"].endswith("fp16"):  # compute as FSDP does: every parameter gathered in fp16
+            params = {n: p.half() for n, p in model.named_parameters()}
             logits = torch.func.functional_call(model, params, (seqs[:, :-1],))
             loss = F.cross_entropy(logits.flatten(0, 1).float(), seqs[:, 1:].flatten())
         else:
@@ -144,26 +159,9 @@ def train_reference(s: dict, batches) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _counting_fsdp_class():
-    from lmsys.distributed.fsdp import FSDP, _Regather
-
-    class CountingFSDP(FSDP):
-        """Counts weights that autograd did not keep but gathered again for backward."""
-
-        regathers_seen = 0
-
-        def _unpack(self, saved):
-            if isinstance(saved, _Regather):
-                self.regathers_seen += 1
-            return super()._unpack(saved)
-
-    return CountingFSDP
-
-
 def train_distributed(s: dict, batches, rank: int, world: int):
     from lmsys.distributed import ddp
 
-    _CountingFSDP = _counting_fsdp_class()
     model = make_model(s["model"], skip_unused=_skip_unused(s))
     kind = s["wrap"].split("-")[0]
     info = {}
@@ -179,9 +177,12 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         info["buckets"] = len(wrapped.buckets)
         info["trainable"] = sum(1 for p in model.parameters() if p.requires_grad)
     else:
-        info["full_numel"] = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-        wrapped = _CountingFSDP(model, compute_dtype=torch.float16 if s["wrap"].endswith("fp16") else None)
+        from lmsys.distributed.fsdp import FSDP
+
+        info["full_numel"] = sum(p.numel() for p in model.parameters())
+        wrapped = FSDP(model, compute_dtype=torch.float16 if s["wrap"].endswith("fp16") else None)
         info["shard_numel"] = sum(p.numel() for p in wrapped.shards)
+        info["groups"] = len(wrapped.shards)
     params = [p for p in wrapped.parameters() if p.requires_grad]
     opt = make_optimizer(s["opt"], params, sharded=s["wrap"].endswith("sharded"))
     b = LOCAL_BATCH
@@ -205,8 +206,8 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         wrapped.on_train_batch_start()  # drains what the first backward launched
         opt.zero_grad()
     if kind == "fsdp":
-        info["regathers"] = wrapped.regathers_seen
-        info["live_after_forward"] = len(wrapped._live)
+        info["gathers"] = [unit.gathers for unit in wrapped.units]
+        info["gathered_after_step"] = wrapped.gathered_units()
         final = wrapped.gather_full_params()
     else:
         final = {n: p.detach().clone() for n, p in wrapped.module.named_parameters()}
@@ -266,6 +267,10 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 5e-3}  # measured: 7e-7, 2.3e-3
 
 
 def _tolerance(s: dict) -> float:
+    if s["wrap"].endswith(("bf16", "fp16")) and s["opt"] == "adamw":
+        # AdamW moves a weight by up to ~lr per step whatever its gradient's size, so rounding that flips
+        # a tiny gradient's sign shows at lr × steps; SGD (below) keeps the low-precision checks tight
+        return 0.02 * STEPS
     if s["wrap"].endswith("bf16"):
         return TOLERANCE["bf16"]
     if s["wrap"].endswith("fp16"):
@@ -354,23 +359,24 @@ def test_sharded_optimizer_holds_a_balanced_share(world):
 
 
 @pytest.mark.slow
-def test_fsdp_drops_gathered_weights_after_forward_and_gathers_them_again_for_backward():
+def test_fsdp_frees_blocks_after_forward_and_gathers_them_again_for_backward():
     results = run_world(2)
     for s in scenarios(2):
         if s["wrap"].startswith("fsdp"):
             for info in results[scenario_id(s)]["info"]:
-                assert info["live_after_forward"] == 0
-                # proj, frozen, rare, head: 4 Linear weights per step saved as notes, not tensors
-                assert info["regathers"] >= 4 * STEPS, (scenario_id(s), info["regathers"])
+                assert info["gathered_after_step"] == 0
+                # the root (embeddings, frozen, rare, norm, head) once a step, each block twice
+                assert info["gathers"] == [STEPS, 2 * STEPS, 2 * STEPS], (scenario_id(s), info["gathers"])
 
 
 @pytest.mark.slow
 def test_fsdp_keeps_a_shard_per_rank_with_uneven_rows():
-    results = run_world(3)  # 37 and 16 rows do not split evenly over 3 ranks
+    results = run_world(3)  # the flat sizes do not split evenly over 3 ranks
     for s in scenarios(3):
         if s["wrap"] != "fsdp":
             continue
         infos = results[scenario_id(s)]["info"]
         full = infos[0]["full_numel"]
         for info in infos:
-            assert info["shard_numel"] <= full / 3 + 2 * DIM * 3  # a third, plus padding rows
+            # a third of every flat buffer, padded by fewer than 3 elements each
+            assert 0 <= 3 * info["shard_numel"] - full < 3 * info["groups"], info

@@ -47,6 +47,9 @@ from lmsys.distributed.ddp import all_reduce_flat, broadcast_module_state
 
 __all__ = ["FSDP"]
 
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
     """Sum of `flat` over ranks, this rank's 1/world slice into `out`. gloo lacks reduce_scatter_tensor
@@ -57,7 +60,7 @@ def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
         out.copy_(summed[dist.get_rank() * n:(dist.get_rank() + 1) * n])
         return
     try:
-        dist.reduce_scatter_tensor(out, flat)
+        _reduce_scatter_tensor(out, flat)
     except (RuntimeError, NotImplementedError, ValueError) as exc:
         if dist.get_backend() == "nccl":
             raise
@@ -111,7 +114,7 @@ class _FlatGroup:
         if src.dtype != self.gather_dtype:
             src = src.to(self.gather_dtype)
         with torch.no_grad():
-            dist.all_gather_into_tensor(self.full, src)
+            _all_gather(self.full, src)
 
     def views(self, requires_grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(leaf, per-parameter views): the leaf shares `full`'s storage but not its version counter,
@@ -386,7 +389,7 @@ class FSDP(nn.Module):
         for unit in self.units:
             for g, (group, _) in enumerate(unit.groups):
                 full = group.shard.new_empty(group.padded)
-                dist.all_gather_into_tensor(full, group.shard.detach())
+                _all_gather(full, group.shard.detach())
                 sizes = group.numels + ([group.pad] if group.pad else [])
                 flats[(unit.index, g)] = [part.view(shape).float().clone()
                                           for part, shape in zip(full.split(sizes), group.shapes)]
