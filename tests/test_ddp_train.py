@@ -93,3 +93,95 @@ def test_a_failed_rank_exits_1_with_its_error(lmsys, monkeypatch):
     monkeypatch.setattr(launch, "run", failing_run)
     r = lmsys("ddp", "train", "--backend", "gloo")
     assert r.code == 1 and r.err.strip() == "error: rank 0 failed: RuntimeError: boom"
+
+
+@pytest.mark.slow
+def test_levers_and_torch_fsdp_train_like_one_process(lmsys):
+    r = lmsys("ddp", "train", "--strategy", "bucketed,fsdp,torch-fsdp", "--bucket-mb", "0.5",
+              "--lever", "learned-order,grad-views,bucket-optimizer", *FAST)
+    assert r.code == 0, r.err
+    rows = {row["strategy"]: row for row in json.loads(r.out)["rows"]}
+    assert list(rows) == ["1 process, batch 2", "bucketed 0.5 MiB", "bucketed 0.5 MiB +learned-order",
+                          "bucketed 0.5 MiB +grad-views", "bucketed 0.5 MiB +bucket-optimizer", "fsdp", "torch-fsdp"]
+    full_state = rows["1 process, batch 2"]["optim MiB/rank"]
+    for name, row in rows.items():
+        assert row["status"] == "ok"
+        if name.startswith("1 process"):
+            continue
+        assert row["parity max|Δθ|"] < 1e-5, (name, row["parity max|Δθ|"])
+        if name.endswith("fsdp"):  # AdamW state of a half of every flat buffer (plus padding)
+            assert row["optim MiB/rank"] == pytest.approx(full_state / 2, rel=1e-3), name
+        else:
+            assert row["optim MiB/rank"] == pytest.approx(full_state), name
+    assert rows["bucketed 0.5 MiB +bucket-optimizer"]["optimizer"] == "AdamW per bucket, in finish"
+
+
+@pytest.mark.slow
+def test_a_baseline_that_does_not_fit_is_an_oom_row_and_the_strategies_still_run(lmsys, monkeypatch):
+    monkeypatch.setenv("LMSYS_MEMORY_BUDGET_MB", "8")  # tiny needs ~50 MiB by the estimate
+    r = lmsys("ddp", "train", "--strategy", "fsdp", *FAST)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    single, fsdp = doc["rows"]
+    assert single["status"].startswith("OOM: needs ~") and "LMSYS_MEMORY_BUDGET_MB" in single["status"]
+    assert single["ms/step"] is None
+    assert fsdp["status"] == "ok" and fsdp["ms/step"] > 0
+    assert fsdp["scaling eff %"] is None and fsdp["parity max|Δθ|"] is None
+    notes = " ".join(doc["notes"])
+    assert "scaling eff % is empty" in notes and "parity max|Δθ| is empty" in notes
+
+
+@pytest.mark.slow
+def test_a_caught_oom_in_the_baseline_is_an_oom_row(lmsys, monkeypatch):
+    monkeypatch.setenv("LMSYS_INJECT_OOM", "0:baseline")
+    r = lmsys("ddp", "train", "--strategy", "flat", *FAST)
+    assert r.code == 0, r.err
+    single, flat = json.loads(r.out)["rows"]
+    assert single["status"].startswith("OOM (caught, tried to allocate 2.00 GiB")
+    assert flat["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_no_baseline(lmsys):
+    r = lmsys("ddp", "train", "--strategy", "flat", "--no-baseline", *FAST)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert [row["strategy"] for row in doc["rows"]] == ["flat"]
+    assert doc["rows"][0]["parity max|Δθ|"] is None and "--no-baseline" in " ".join(doc["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["build", "forward", "backward", "optimizer"])
+def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, phase):
+    monkeypatch.setenv("LMSYS_INJECT_OOM", f"1:{phase}")
+    r = lmsys("ddp", "train", "--strategy", "fsdp", "--no-baseline", *FAST)
+    assert r.code == 1
+    assert "Traceback" not in r.err and "ChildFailedError" not in r.err, r.err
+    assert r.err.strip().splitlines()[-1] == f"error: rank 1 ran out of memory in {phase} (fsdp): tried to allocate 2.00 GiB"
+    assert len(r.err.strip().splitlines()) <= 3, r.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lever", "magic"], "--lever must be among"),
+    (["--lever", "grad-views", "--strategy", "flat"], "--lever applies to the bucketed strategy"),
+    (["--nccl-ctas", "0"], "--nccl-ctas must be >= 1"),
+])
+def test_bad_lever_options(lmsys, args, message):
+    r = lmsys("ddp", "train", *args)
+    assert r.code == 2 and message in r.err
+
+
+def test_memory_estimate_grows_with_the_model_and_batch():
+    from lmsys.distributed.memory import estimate_training_bytes, parameter_count, requested_bytes
+    from lmsys.model.config import get_config
+    from lmsys.model.transformer import TransformerLM
+
+    tiny = get_config("tiny").with_overrides(context_length=16)
+    assert parameter_count(tiny) == sum(p.numel() for p in TransformerLM(tiny, device="meta").parameters())
+    one = estimate_training_bytes(tiny, batch_size=1, dtype="fp32")
+    assert 16 * parameter_count(tiny) < one < estimate_training_bytes(tiny, batch_size=2, dtype="fp32")
+    ten_b = estimate_training_bytes(get_config("10b"), batch_size=2, dtype="bf16")
+    assert ten_b > 144 * 2**30  # 10b does not fit one H200: weights, grads and AdamW alone are ~150 GiB
+    xl = estimate_training_bytes(get_config("xl"), batch_size=8, dtype="bf16")
+    assert xl < 100 * 2**30  # the xl reference (world 2 x batch 4) fits
+    assert requested_bytes(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0")) == "20.00 MiB"

@@ -131,6 +131,7 @@ def scenarios(world: int) -> list[dict]:
                     dict(base, wrap="fsdp")]
             if world == 2:
                 out += [dict(base, wrap="naive-sharded"), dict(base, wrap="bucketed-bf16", mb=0.0011),
+                        dict(base, wrap="bucketed-learned", mb=0.0011),
                         dict(base, wrap="fsdp-fp16")]
     return out
 
@@ -173,7 +174,8 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         wrapped = ddp.OverlapDDP(model)
     elif kind == "bucketed":
         comm = torch.bfloat16 if s["wrap"].endswith("bf16") else None
-        wrapped = ddp.BucketedDDP(model, s["mb"], comm_dtype=comm)
+        order = "learned" if s["wrap"].endswith("learned") else "reverse"
+        wrapped = ddp.BucketedDDP(model, s["mb"], comm_dtype=comm, bucket_order=order)
         info["buckets"] = len(wrapped.buckets)
         info["trainable"] = sum(1 for p in model.parameters() if p.requires_grad)
     else:

@@ -13,9 +13,12 @@ app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-
 
 @app.command("train")
 def train(
-    strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
+    strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp | torch-fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
     bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
+    lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done); comma-separated.")] = "",
+    nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
     shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
     size: Annotated[Optional[str], typer.Option(help="Model preset (tiny ... 10b) or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option(help="Sequences per rank per step.")] = 4,
@@ -36,7 +39,9 @@ def train(
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import COMM_DTYPES, LEARNING_RATE, STRATEGIES, expand_runs
+    import os
+
+    from lmsys.distributed.train import BUCKET_LEVERS, COMM_DTYPES, LEARNING_RATE, STRATEGIES, expand_runs
     from lmsys.model.config import get_config
 
     check_render_options(format, output)
@@ -53,6 +58,17 @@ def train(
         if cd not in COMM_DTYPES:
             raise LmsysError(f"--comm-dtype must be one of {', '.join(COMM_DTYPES)}, not {cd!r}")
 
+    levers = list(dict.fromkeys(parse_list(lever, str, what="--lever"))) if lever else []
+    for name in levers:
+        if name not in BUCKET_LEVERS:
+            raise LmsysError(f"--lever must be among {', '.join(BUCKET_LEVERS)}, not {name!r}")
+    if levers and "bucketed" not in strategies:
+        raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
+    if nccl_ctas is not None:
+        if nccl_ctas < 1:
+            raise LmsysError(f"--nccl-ctas must be >= 1, got {nccl_ctas}")
+        os.environ["NCCL_MIN_CTAS"] = os.environ["NCCL_MAX_CTAS"] = str(nccl_ctas)  # the ranks inherit it
+
     backend = launch.resolve_backend(backend)
     world_sizes = launch.resolve_world_sizes([world_size] if world_size is not None else None)
     launch.check_launch(backend, world_sizes)
@@ -66,9 +82,9 @@ def train(
         raise LmsysError(f"--context-length must be positive, got {context_length}")
     get_config(size).with_overrides(context_length=context_length)  # a bad size fails here, not on every rank
 
-    runs = expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes)
+    runs = expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
-                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer)
+                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
     result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=world_sizes[0], backend=backend)
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints
         return
@@ -76,14 +92,23 @@ def train(
     numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
     meta["run"] = (f"{backend}, world size {world_sizes[0]}, batch {batch_size} per rank, {numerics}, "
                    f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
+    if nccl_ctas is not None:
+        meta["run"] += f", NCCL_MIN_CTAS = NCCL_MAX_CTAS = {nccl_ctas}"
     notes = [
         "ms/step and phases: medians over the timed steps (rank 0). comm wait: time in "
         "finish_gradient_synchronization() after backward (torch-ddp and fsdp communicate inside backward).",
-        "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). tokens/s: all ranks' tokens.",
+        "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). optim MiB/rank: max over ranks "
+        "of the optimizer's state tensors. tokens/s: all ranks' tokens.",
         "scaling eff %: 1-process step time at the same per-rank batch / step time (weak scaling, 100 = perfect).",
         "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
         "trained on the full batch with the same seed and data.",
     ]
     if "torch-ddp" in strategies:
         notes.append("torch-ddp: torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
+    if "torch-fsdp" in strategies:
+        notes.append("torch-fsdp: torch's FSDP2 fully_shard on each block and the root, parameters in the "
+                     "autocast dtype, gradients reduced in fp32.")
+    if not baseline:
+        notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
+    notes += result.get("notes", [])
     emit(Report("ddp train", result["rows"], meta, notes), format, output)

@@ -121,6 +121,7 @@ class _DataParallel(nn.Module):
         self._params = [p for p in module.parameters() if p.requires_grad]  # tied weights appear once
         self._device = self._params[0].device if self._params else torch.device("cpu")
         self._op, self._prescale = _averaging_op()
+        self._index_of = {id(p): i for i, p in enumerate(self._params)}
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -245,6 +246,30 @@ class OverlapDDP(_DataParallel):
         self._reset()
 
 
+BUCKET_ORDERS = ("reverse", "learned")
+
+
+class StepInFinish(torch.optim.Optimizer):
+    """The optimizer the training loop sees when BucketedDDP steps one optimizer per bucket inside
+    finish_gradient_synchronization(): step() has nothing left to do; zero_grad and state go to the
+    per-bucket optimizers."""
+
+    def __init__(self, ddp_model: "BucketedDDP"):
+        self._ddp = ddp_model
+        super().__init__([p for b in ddp_model.buckets for p in b.params] or [torch.zeros(1)], {})
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self._ddp.bucket_optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for opt in self._ddp.bucket_optimizers for st in opt.state.values()
+                for t in st.values() if torch.is_tensor(t)]
+
+
 class _Bucket:
     """Parameters sharing one flat communication buffer; `views[k]` is parameter k's slice of it."""
 
@@ -283,17 +308,51 @@ class BucketedDDP(_DataParallel):
     """Buckets of at most `bucket_size_mb` MiB of gradients (reverse registration order), each
     all-reduced asynchronously as soon as all its gradients are ready."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None):
+    def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None,
+                 bucket_order: str = "reverse", grad_views: bool = False, optimizer_factory=None):
         super().__init__(module)
         if not bucket_size_mb > 0 or math.isinf(bucket_size_mb):
             raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb}")
+        if bucket_order not in BUCKET_ORDERS:
+            raise ValueError(f"bucket_order must be one of {BUCKET_ORDERS}, got {bucket_order!r}")
         self.bucket_size_mb = bucket_size_mb
         self.comm_dtype = comm_dtype
-        self.buckets = [_Bucket(ps, comm_dtype=comm_dtype)
-                        for ps in self._plan_buckets(list(reversed(self._params)), bucket_size_mb * MiB)]
-        self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
+        self.grad_views = grad_views
+        self._optimizer_factory = optimizer_factory
+        self._learning = bucket_order == "learned"  # the first backward's hook order, then re-planned
+        self._fired: list[nn.Parameter] = []
+        self._build_buckets(list(reversed(self._params)))
         self._register_grad_ready_hooks(self._params)
         self._next = 0  # the first bucket not launched yet
+
+    def _build_buckets(self, order: list[nn.Parameter]) -> None:
+        self.buckets = [_Bucket(ps, comm_dtype=self.comm_dtype)
+                        for ps in self._plan_buckets(order, self.bucket_size_mb * MiB)]
+        self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
+        # optional: one optimizer per bucket, stepped as soon as that bucket's all-reduce is done
+        self.bucket_optimizers = ([self._optimizer_factory(bucket.params) for bucket in self.buckets]
+                                  if self._optimizer_factory is not None else None)
+
+    def _relearn_order(self) -> None:
+        """After the first step: buckets in the order the gradients became ready (rank 0's, so every
+        rank packs the same buckets); parameters that never fired go last, in reverse registration order.
+        Optimizer state of per-bucket optimizers is carried over by parameter."""
+        fired = [self._index_of[id(p)] for p in self._fired]
+        orders = [fired]
+        dist.broadcast_object_list(orders, src=0)
+        seen = set(orders[0])
+        order = [self._params[i] for i in orders[0]]
+        order += [p for p in reversed(self._params) if self._index_of[id(p)] not in seen]
+        old = self.bucket_optimizers
+        self._build_buckets(order)
+        if old is not None:
+            state = {id(p): st for opt in old for p, st in opt.state.items()}
+            for opt in self.bucket_optimizers:
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        if id(p) in state:
+                            opt.state[p] = state[id(p)]
+        self._learning = False
 
     @staticmethod
     def _plan_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
@@ -315,11 +374,17 @@ class BucketedDDP(_DataParallel):
         return buckets
 
     def on_train_batch_start(self) -> None:
-        """Reset per-step state; waits for any all-reduce still in flight (safe to call every step)."""
+        """Reset per-step state; waits for any all-reduce still in flight (safe to call every step).
+        With grad_views, the gradients start each step as zeroed views of the buckets (one memset per
+        bucket), so autograd accumulates straight into them (torch DDP's gradient_as_bucket_view)."""
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.wait()
             bucket.reset()
+            if self.grad_views:
+                bucket.grad_buffer.zero_()
+                for p, view in zip(bucket.params, bucket.grad_views):
+                    p.grad = view
         self._next = 0
 
     def _stage(self, bucket: _Bucket, k: int) -> None:
@@ -343,6 +408,8 @@ class BucketedDDP(_DataParallel):
             # in bf16 mode the values arrive at finish
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if self._learning:
+            self._fired.append(param)
         b, k = self._slot[id(param)]
         bucket = self.buckets[b]
         if bucket.ready[k]:
@@ -370,11 +437,15 @@ class BucketedDDP(_DataParallel):
                     bucket.n_ready += 1
         self._launch_ready()
         anywhere = iter(GradPresence(present, self._device).anywhere())
-        for bucket in self.buckets:
+        for b, bucket in enumerate(self.buckets):
             bucket.work.wait()
             if bucket.grad_buffer is not bucket.buffer:
                 bucket.grad_buffer.copy_(bucket.buffer)  # bf16 average -> the parameters' dtype
             for p, grad_view in zip(bucket.params, bucket.grad_views):
                 p.grad = grad_view if next(anywhere) else None
+            if self.bucket_optimizers is not None:  # overlaps the all-reduces of the later buckets
+                self.bucket_optimizers[b].step()
             bucket.reset()
         self._next = 0
+        if self._learning:
+            self._relearn_order()

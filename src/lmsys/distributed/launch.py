@@ -46,6 +46,11 @@ class RankFailedError(RuntimeError):
         self.rank = rank
 
 
+class RankError(RuntimeError):
+    """A failure a rank reports in one line, without a traceback (e.g. running out of memory): the
+    parent's RankFailedError carries the message as it is."""
+
+
 @dataclass(frozen=True)
 class RankContext:
     """What a job needs to know about its place in the group."""
@@ -215,7 +220,7 @@ def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
         result_path = Path(tmp) / "result.json"
         spec = {"target": target, "kwargs": kwargs, "backend": backend, "result": str(result_path)}
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        cmd = [sys.executable, "-m", "lmsys.distributed.launch", TORCHRUN_FLAG, "--standalone",
                f"--nproc-per-node={world_size}", "--monitor-interval=0.1",
                "-m", "lmsys.distributed.launch", str(spec_path)]
         proc = subprocess.run(cmd, env=child_environment(backend, world_size))
@@ -242,11 +247,40 @@ def _failure(tmp: Path, returncode: int, world_size: int) -> Exception:
     first = min(errors, key=lambda e: e["time"])
     if first.get("user_error"):
         return LmsysError(first["message"], hint=first.get("hint"))
-    message = f"rank {first['rank']} failed: {first['type']}: {first['message']}"
+    if first.get("one_line"):
+        message = first["message"]
+    else:
+        message = f"rank {first['rank']} failed: {first['type']}: {first['message']}"
     if silent:
         message += (f" (no report from rank {', '.join(map(str, silent))}: it died, or torchrun stopped it "
                     "after the failure)")
     return RankFailedError(message, rank=first["rank"])
+
+
+TORCHRUN_FLAG = "--torchrun"
+
+
+def torchrun_main(argv: list[str]) -> None:
+    """torchrun, quiet about a failed worker: the worker already reported its error (one line or its
+    traceback) and the parent names it; torchrun's own ChildFailedError dump and agent log lines would
+    only bury it. Exit code 1 as torchrun's."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        main(argv)
+    except ChildFailedError:
+        sys.exit(1)
+
+
+def _reported_elsewhere(spec: dict, rank: int) -> bool:
+    """Another rank already recorded a failure: this one is most likely its consequence (a collective
+    whose peer is gone), and its traceback is noise."""
+    folder = Path(spec["result"]).parent
+    return any(p.name != f"result.json.rank{rank}.error" for p in folder.glob("result.json.rank*.error"))
 
 
 def worker_main(argv: list[str]) -> None:
@@ -257,13 +291,19 @@ def worker_main(argv: list[str]) -> None:
         result = run_in_group(spec["target"], spec["kwargs"], backend=spec["backend"])
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the worker exits
         record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
-                  "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None)}
+                  "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None),
+                  "one_line": isinstance(exc, RankError)}
+        consequence = _reported_elsewhere(spec, rank)
         error_path = Path(f"{spec['result']}.rank{rank}.error")
         tmp_path = error_path.with_name(error_path.name + ".tmp")
         tmp_path.write_text(json.dumps(record))
         os.replace(tmp_path, error_path)
         if isinstance(exc, LmsysError):
             print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
+        elif isinstance(exc, RankError):
+            print(f"[rank {rank}] {exc}", file=sys.stderr)
+        elif consequence:
+            print(f"[rank {rank}] stopped after another rank's failure: {type(exc).__name__}", file=sys.stderr)
         else:
             print(f"[rank {rank}] " + "".join(traceback.format_exception(exc)), file=sys.stderr, end="")
         sys.stderr.flush()
@@ -278,4 +318,7 @@ def worker_main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from lmsys.distributed import launch as _launch_module  # one copy of this module's classes
 
-    _launch_module.worker_main(sys.argv[1:])
+    if sys.argv[1:2] == [TORCHRUN_FLAG]:
+        _launch_module.torchrun_main(sys.argv[2:])
+    else:
+        _launch_module.worker_main(sys.argv[1:])

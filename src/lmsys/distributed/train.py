@@ -34,8 +34,9 @@ from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.model.config import ModelConfig, get_config
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp")
+STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
 COMM_DTYPES = ("fp32", "bf16")
+BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer")
 LEARNING_RATE = 1e-3
 
 
@@ -46,13 +47,25 @@ class RunSpec:
     strategy: str
     bucket_mb: Optional[float] = None  # bucketed only
     comm_dtype: str = "fp32"  # bucketed only: dtype the gradients travel in
+    lever: Optional[str] = None  # bucketed only: one of BUCKET_LEVERS on top of the plain row
+
+    @property
+    def label(self) -> str:
+        label = self.strategy
+        if self.strategy == "bucketed":
+            label += f" {self.bucket_mb:g} MiB" + (f" {self.comm_dtype} grads" if self.comm_dtype != "fp32" else "")
+            label += f" +{self.lever}" if self.lever else ""
+        return label
 
 
-def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str]) -> list[RunSpec]:
+def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
+                levers: Optional[list[str]] = None) -> list[RunSpec]:
+    """bucketed: a row per comm dtype × cap, then each lever on top of the first comm dtype and cap."""
     runs = []
     for s in strategies:
         if s == "bucketed":
             runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
+            runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
         else:
             runs.append(RunSpec(s))
     return runs
@@ -80,24 +93,17 @@ class BatchSource:
 
 
 def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: int, batch_size: int,
-              dtype: str, steps: int, warmup: int, shard_optimizer: bool, seed: int = 0) -> dict:
+              dtype: str, steps: int, warmup: int, shard_optimizer: bool, seed: int = 0,
+              baseline: bool = True) -> dict:
     config = get_config(size).with_overrides(context_length=context_length)
     source = BatchSource(vocab_size=config.vocab_size, seq_len=context_length,
                          global_batch=batch_size * ctx.world_size, seed=seed)
     total = warmup + steps
     rows: list[dict] = []
-    reference = None
-    single_ms = None
-    if ctx.is_main:  # one process: the 1-GPU step time, then the full-batch parity reference
-        batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
-        row, _ = single_process_run(config, batches, device=ctx.device, dtype=dtype, warmup=warmup,
-                                    seed=seed, label=f"1 process, batch {batch_size}", keep_params=False)
-        rows.append(row)
-        single_ms = row["ms/step"]
-        batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
-        _, reference = single_process_run(config, batches, device=ctx.device, dtype=dtype, warmup=warmup,
-                                          seed=seed, label="reference", keep_params=True)
-        del batches
+    reference, single_ms, notes = None, None, []
+    if ctx.is_main and baseline:  # one process: the 1-GPU step time, then the full-batch parity reference
+        rows, single_ms, reference, notes = baseline_runs(ctx, config, source, batch_size=batch_size,
+                                                          dtype=dtype, warmup=warmup, total=total, seed=seed)
     barrier(ctx)
 
     batches = [_to(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
@@ -109,7 +115,63 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
         barrier(ctx)
     meta = environment(ctx.device)
     meta["model"] = f"{size}: {describe(config)}"
-    return {"rows": rows, "meta": meta}
+    return {"rows": rows, "meta": meta, "notes": notes}
+
+
+def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup, total, seed):
+    """(rows, 1-process ms/step or None, reference parameters or None, notes). Each one-process run
+    happens only when the memory estimate fits the budget; a caught OOM is the backstop."""
+    from lmsys.distributed.memory import fits
+
+    label = f"1 process, batch {batch_size}"
+    rows, notes, single_ms, reference = [], [], None, None
+    ok, words = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
+    if ok:
+        batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
+        row, _ = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup, seed=seed,
+                                     label=label, keep_params=False, words=words)
+        del batches
+    else:
+        row = _oom_row(label, f"OOM: {words}")
+    rows.append(row)
+    if row["status"] == "ok":
+        single_ms = row["ms/step"]
+    else:
+        notes.append(f"{label}: {row['status']}; it was not run to the end, so scaling eff % is empty "
+                     "(nothing to compare with). The strategies still ran.")
+    full = batch_size * ctx.world_size
+    ok, words = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
+    if ok:
+        batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
+        ref_row, reference = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup,
+                                                 seed=seed, label="reference", keep_params=True, words=words)
+        words = ref_row["status"]
+        del batches
+    if reference is None:
+        notes.append(f"parity max|Δθ| is empty: the reference (one process on the full batch of {full}) "
+                     f"does not fit ({words.removeprefix('OOM: ')}), so there is nothing to compare with.")
+    return rows, single_ms, reference, notes
+
+
+def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, keep_params, words):
+    """single_process_run; torch's OOM becomes an `OOM` row (and no parameters)."""
+    from lmsys.distributed.memory import PhaseTracker, requested_bytes
+
+    try:
+        PhaseTracker(ctx.rank).enter("baseline")  # LMSYS_INJECT_OOM=0:baseline tests this path
+        return single_process_run(config, batches, device=ctx.device, dtype=dtype, warmup=warmup,
+                                  seed=seed, label=label, keep_params=keep_params)
+    except torch.OutOfMemoryError as exc:
+        asked = requested_bytes(exc)
+        status = f"OOM (caught{', tried to allocate ' + asked if asked else ''}; the estimate said {words})"
+    free_memory(ctx.device)
+    return _oom_row(label, status), None
+
+
+def _oom_row(label: str, status: str) -> dict:
+    row = dict.fromkeys(ROW_KEYS)
+    row.update({"strategy": label, "optimizer": "AdamW", "status": status})
+    return row
 
 
 def _to(batch, device):
@@ -169,6 +231,7 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     optimizer = make_optimizer(model.parameters(), sharded=False)
     timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
     peak = peak_memory(device)
+    optim_bytes = optimizer_state_bytes(optimizer)
     pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
     params = None
     if keep_params:
@@ -178,23 +241,33 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     stats = timer.stats()
     tokens = batches[0][0].numel()
-    row = _timing_row(label, stats, tokens=tokens, peak=peak, optimizer="AdamW")
+    row = _timing_row(label, stats, tokens=tokens, peak=peak, optimizer="AdamW", optim_bytes=optim_bytes)
     return row, params
 
 
 def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, *, dtype, warmup,
                  shard_optimizer: bool, seed: int, reference, single_ms: Optional[float]) -> dict:
+    from lmsys.distributed.memory import PhaseTracker, RankOutOfMemory
+
     free_memory(ctx.device)
     reset_peak_memory(ctx.device)
-    model = build_model(config, device=ctx.device, seed=seed)
-    wrapped = wrap_model(model, spec, ctx, dtype=dtype)
-    sharded = shard_optimizer and spec.strategy != "fsdp"
-    optimizer = make_optimizer(wrapped.parameters(), sharded=sharded)
-    timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup)
+    tracker = PhaseTracker(ctx.rank)
+    try:
+        tracker.enter("build")
+        model = build_model(config, device=ctx.device, seed=seed)
+        wrapped = wrap_model(model, spec, ctx, dtype=dtype)
+        sharded = shard_optimizer and spec.strategy not in ("fsdp", "torch-fsdp")
+        optimizer = make_strategy_optimizer(wrapped, spec, sharded=sharded)
+        tracker.watch(wrapped, optimizer)
+        timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup)
+    except torch.OutOfMemoryError as exc:
+        raise RankOutOfMemory(rank=ctx.rank, phase=tracker.phase, what=spec.label, exc=exc) from None
+    tracker.close()
     peak = _max_over_ranks(ctx, peak_memory(ctx.device))
+    optim_bytes = _max_over_ranks(ctx, optimizer_state_bytes(optimizer))
     final = final_parameters(wrapped, spec)
     parity = None
-    if ctx.is_main:  # on the device, one synchronisation at the end
+    if ctx.is_main and reference is not None:  # on the device, one synchronisation at the end
         diffs = [(final[name].float() - ref.to(ctx.device, non_blocking=True).float()).abs().max()
                  for name, ref in reference.items()]
         parity = torch.stack(diffs).max().item()
@@ -202,13 +275,21 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
     gc.collect()
     free_memory(ctx.device)
     stats = timer.stats()
-    label = spec.strategy
-    if spec.strategy == "bucketed":
-        label += f" {spec.bucket_mb:g} MiB" + (f" {spec.comm_dtype} grads" if spec.comm_dtype != "fp32" else "")
     optimizer_name = ("AdamW, ZeRO-1 sharded" if sharded else
-                      "AdamW on shards" if spec.strategy == "fsdp" else "AdamW")
-    return _timing_row(label, stats, tokens=batches[0][0].numel() * ctx.world_size, peak=peak,
-                       optimizer=optimizer_name, parity=parity, single_ms=single_ms)
+                      "AdamW on shards" if spec.strategy in ("fsdp", "torch-fsdp") else
+                      "AdamW per bucket, in finish" if spec.lever == "bucket-optimizer" else "AdamW")
+    return _timing_row(spec.label, stats, tokens=batches[0][0].numel() * ctx.world_size, peak=peak,
+                       optimizer=optimizer_name, parity=parity, single_ms=single_ms, optim_bytes=optim_bytes)
+
+
+def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.optim.Optimizer:
+    """The strategy's optimizer: AdamW (ZeRO-1 sharded if asked), or, with the bucket-optimizer lever,
+    the per-bucket AdamWs BucketedDDP steps inside finish (the loop's optimizer step is then empty)."""
+    if spec.lever == "bucket-optimizer":
+        from lmsys.distributed.ddp import StepInFinish
+
+        return StepInFinish(wrapped)
+    return make_optimizer(wrapped.parameters(), sharded=sharded)
 
 
 def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
@@ -222,7 +303,15 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
         return ddp.OverlapDDP(model)
     if spec.strategy == "bucketed":
         comm = None if spec.comm_dtype == "fp32" else torch_dtype(spec.comm_dtype)
-        return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm)
+        factory = None
+        if spec.lever == "bucket-optimizer":
+            fused = ctx.device.type == "cuda"
+
+            def factory(params):
+                return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01, fused=fused)
+        return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
+                               bucket_order="learned" if spec.lever == "learned-order" else "reverse",
+                               grad_views=spec.lever == "grad-views")
     if spec.strategy == "torch-ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -232,13 +321,33 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
         from lmsys.distributed.fsdp import FSDP
 
         return FSDP(model, compute_dtype=None if dtype == "fp32" else torch_dtype(dtype))
+    if spec.strategy == "torch-fsdp":
+        return torch_fully_shard(model, ctx, dtype=dtype)
     raise ValueError(f"unknown strategy {spec.strategy!r}")
+
+
+def torch_fully_shard(model, ctx: RankContext, *, dtype: str):
+    """torch's FSDP2: fully_shard on each block, then on the root, parameters in the compute dtype
+    (bf16 with --dtype bf16) and gradients reduced in fp32. Needs torch >= 2.6."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from lmsys.distributed.ddp import broadcast_module_state
+
+    broadcast_module_state(model)  # as every other strategy: rank 0's weights
+    param_dtype = None if dtype == "fp32" else torch_dtype(dtype)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 def final_parameters(wrapped, spec: RunSpec) -> dict[str, torch.Tensor]:
     """Full parameters by the model's names (FSDP gathers them: a collective on every rank)."""
     if spec.strategy == "fsdp":
         return wrapped.gather_full_params()
+    if spec.strategy == "torch-fsdp":  # DTensors: full_tensor() all-gathers each
+        return {name: p.full_tensor().detach() for name, p in wrapped.named_parameters()}
     return {name: p.detach() for name, p in wrapped.module.named_parameters()}
 
 
@@ -250,14 +359,19 @@ def _max_over_ranks(ctx: RankContext, value: Optional[int]) -> Optional[int]:
     return int(t.item())
 
 
+ROW_KEYS = ("strategy", "optimizer", "ms/step", "forward ms", "backward ms", "comm wait ms", "optimizer ms",
+            "peak MiB/rank", "optim MiB/rank", "tokens/s", "scaling eff %", "parity max|Δθ|", "status")
+
+
 def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optional[int], optimizer: str,
-                parity: Optional[float] = None, single_ms: Optional[float] = None) -> dict:
+                parity: Optional[float] = None, single_ms: Optional[float] = None,
+                optim_bytes: Optional[int] = None) -> dict:
     step_ms = stats["step"].median
 
     def median(name):
         return stats[name].median if name in stats else None
 
-    return {
+    row = {
         "strategy": label,
         "optimizer": optimizer,
         "ms/step": step_ms,
@@ -266,8 +380,24 @@ def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optio
         "comm wait ms": median("comm wait"),
         "optimizer ms": median("optimizer"),
         "peak MiB/rank": None if peak is None else peak / MiB,
+        "optim MiB/rank": None if optim_bytes is None else optim_bytes / MiB,
         "tokens/s": tokens / (step_ms * 1e-3),  # all ranks' tokens per step / step time
         # weak scaling: same per-rank batch, so perfect scaling keeps the 1-process step time
         "scaling eff %": None if single_ms is None else 100 * single_ms / step_ms,
         "parity max|Δθ|": parity,
+        "status": "ok",
     }
+    assert tuple(row) == ROW_KEYS
+    return row
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's state tensors on this rank (ShardedOptimizer: its local optimizer's;
+    per-bucket optimizers: all of them)."""
+    if hasattr(optimizer, "state_tensors"):
+        tensors = optimizer.state_tensors()
+    else:
+        inner = getattr(optimizer, "local_optimizer", optimizer)
+        tensors = [t for st in inner.state.values() for t in st.values() if torch.is_tensor(t)]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2: DTensor shards
+    return sum(t.numel() * t.element_size() for t in local)

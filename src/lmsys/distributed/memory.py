@@ -1,0 +1,153 @@
+"""Will a training run fit, and what to say when a rank runs out of memory.
+
+- `estimate_training_bytes(config, batch_size=, dtype=)`: fp32 weights + gradients + AdamW state
+  (16 bytes a parameter), autocast's low-precision weight copies, and the activations autograd keeps for
+  the batch (per layer and token: ~14·d_model + 3·d_ff values in the compute dtype plus the fp32
+  residual and norm input; the naive attention's scores and probabilities, heads · S² per sequence; the
+  logits in the compute dtype, their fp32 copy and its gradient). An estimate, on the high side.
+- `memory_budget(device)`: free device memory (`torch.cuda.mem_get_info`), available RAM on the CPU;
+  `LMSYS_MEMORY_BUDGET_MB`, when set, replaces it (tests use it to take the does-not-fit path).
+- `PhaseTracker`: which phase a rank is in (build, forward, backward, comm, optimizer), from hooks on
+  the wrapped model and optimizer; `LMSYS_INJECT_OOM=RANK:PHASE` makes that rank raise torch's
+  OutOfMemoryError on entering PHASE (a fault-injection hook for tests).
+- `RankOutOfMemory`: the one-line error a rank reports (which rank, phase, how much was asked).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from lmsys.distributed.launch import RankError
+
+ENV_BUDGET = "LMSYS_MEMORY_BUDGET_MB"
+ENV_INJECT_OOM = "LMSYS_INJECT_OOM"
+GiB = 1024**3
+
+
+def parameter_count(config) -> int:
+    d, f, layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    per_layer = 4 * d * d + 3 * d * f + 2 * d  # qkv + output projections, SwiGLU, two norm gains
+    return layers * per_layer + 2 * vocab * d + d  # embeddings, LM head, final norm
+
+
+def estimate_training_bytes(config, *, batch_size: int, dtype: str) -> int:
+    """Bytes one process needs to train `config` on `batch_size` sequences (see the module docstring)."""
+    params = parameter_count(config)
+    act = 4 if dtype == "fp32" else 2
+    tokens = batch_size * config.context_length
+    d = config.d_model
+    state = 16 * params + (2 * params if act == 2 else 0)
+    per_layer = tokens * ((14 * d + 3 * config.d_ff) * act + 8 * d)
+    if config.attn_impl == "naive":
+        per_layer += batch_size * config.num_heads * config.context_length ** 2 * (act + 4)
+    logits = tokens * config.vocab_size * (act + 4 + 4)
+    return state + config.num_layers * per_layer + logits
+
+
+def memory_budget(device) -> tuple[int, str]:
+    """(bytes this process may use, where the number comes from)."""
+    text = os.environ.get(ENV_BUDGET)
+    if text:
+        from lmsys.core.errors import LmsysError
+
+        try:
+            mb = float(text)
+        except ValueError:
+            raise LmsysError(f"{ENV_BUDGET}={text!r} is not a number of MiB") from None
+        return int(mb * 2**20), ENV_BUDGET
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, "free GPU memory"
+    return _available_ram(), "available RAM"
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def fits(config, *, batch_size: int, dtype: str, device) -> tuple[bool, str]:
+    """(fits, why): the estimate against the budget, in words for the row's status."""
+    need = estimate_training_bytes(config, batch_size=batch_size, dtype=dtype)
+    budget, source = memory_budget(device)
+    words = f"needs ~{need / GiB:.1f} GiB (estimate), {budget / GiB:.1f} GiB {source}"
+    return need <= budget, words
+
+
+def requested_bytes(exc: BaseException) -> Optional[str]:
+    """'2.00 GiB' from torch's "Tried to allocate 2.00 GiB", or None."""
+    m = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(exc))
+    return m.group(1) if m else None
+
+
+class RankOutOfMemory(RankError):
+    """A rank ran out of memory: one line, no traceback."""
+
+    def __init__(self, *, rank: int, phase: str, what: str, exc: BaseException):
+        asked = requested_bytes(exc)
+        message = f"rank {rank} ran out of memory in {phase} ({what})"
+        message += f": tried to allocate {asked}" if asked else f": {str(exc).splitlines()[0] if str(exc) else 'OOM'}"
+        super().__init__(message)
+        self.rank, self.phase, self.asked = rank, phase, asked
+
+
+class PhaseTracker:
+    """The phase a rank is in, set by hooks on the model (forward, backward), its gradient sync and the
+    optimizer; `inject` raises a synthetic OOM where LMSYS_INJECT_OOM says."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.phase = "build"
+        spec = os.environ.get(ENV_INJECT_OOM, "")
+        target_rank, _, target_phase = spec.partition(":")
+        self._inject = target_phase if spec and target_rank.strip() == str(rank) else None
+        self._handles = []
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        if self._inject == phase:
+            import torch
+
+            self._inject = None
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 2.00 GiB. (injected by {ENV_INJECT_OOM})")
+
+    def watch(self, model, optimizer) -> None:
+        """Hooks: forward pre-hook, a gradient hook on the output (backward), the gradient sync, the
+        optimizer's step pre-hook."""
+        import torch
+
+        def on_output(module, args, output):
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: self.enter("backward"))
+
+        self._handles.append(model.register_forward_pre_hook(lambda m, a: self.enter("forward")))
+        self._handles.append(model.register_forward_hook(on_output))
+        self._handles.append(optimizer.register_step_pre_hook(lambda o, a, k: self.enter("optimizer")))
+        finish = getattr(model, "finish_gradient_synchronization", None)
+        if finish is not None:
+            def finish_tracked():
+                self.enter("comm")
+                return finish()
+
+            model.finish_gradient_synchronization = finish_tracked  # an instance attribute, removed by close
+            self._patched = model
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        patched = getattr(self, "_patched", None)
+        if patched is not None:
+            del patched.finish_gradient_synchronization
+            self._patched = None
