@@ -157,7 +157,9 @@ def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, p
     r = lmsys("ddp", "train", "--strategy", "fsdp", "--no-baseline", *FAST)
     assert r.code == 1
     assert "Traceback" not in r.err and "ChildFailedError" not in r.err, r.err
-    assert r.err.strip().splitlines()[-1] == f"error: rank 1 ran out of memory in {phase} (fsdp): tried to allocate 2.00 GiB"
+    # (rank 0 may be stopped by torchrun before it says anything: the line then says so)
+    assert r.err.strip().splitlines()[-1].startswith(
+        f"error: rank 1 ran out of memory in {phase} (fsdp): tried to allocate 2.00 GiB")
     assert len(r.err.strip().splitlines()) <= 3, r.err
 
 
