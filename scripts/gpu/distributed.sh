@@ -1,57 +1,50 @@
 #!/usr/bin/env bash
-# Distributed runs on 2 GPUs (kind nvidia-h200-x2): issue 4's performance questions, the 2-GPU part of
-# issue 6. From the repository root:
-#     bash scripts/gpu/distributed.sh            # logs and tables under $OUT (default lmsys-out/distributed)
-# Budget: every step has its own `timeout`; the sum of them is 555 s (steps took 40+20+90+65+60 s on
-# 2026-11-30). A failing step does not
-# stop the next one. What to look for is in docs/benchmarks/comm.md and docs/benchmarks/ddp.md.
+# Issue 11 items 1-4 on one 2-GPU machine (kind nvidia-h200-x2), ~9 minutes. From the repository root:
+#     bash scripts/gpu/distributed.sh        # tables under $OUT (default lmsys-out/distributed)
+# Every step has its own `timeout` (sum 540 s); a failing step does not stop the next one.
+#   a) xl bf16 world 2: bucketed 400 MiB, torch-ddp, fsdp, torch-fsdp (10 timed steps), then the
+#      bucketed vs torch-ddp pair twice more (three repetitions: median and spread of scaling eff %).
+#      Read: fsdp ms/step <= 0.90 x torch-fsdp ms/step, fsdp peak MiB/rank <= torch-fsdp's.
+#   b) the DDP levers, one row each on top of bucketed 400 MiB, + NCCL CTAs (a separate run: env).
+#   c) 10b bf16 world 2 batch 2: the baseline row says OOM; fsdp ms/step <= torch-fsdp's.
 set -x
 export PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the lent machines
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-lmsys-out/distributed}"
 mkdir -p "$OUT"
 L="python3 -m lmsys"
-XL="--size xl --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl"
+XL="--size xl --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --warmup 3"
 
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  nvidia-smi topo -m
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+  python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
 } > "$OUT/env.txt" 2>&1
 
-# 0. NCCL correctness (sum check, parity of every strategy on a tiny model): ~40 s
-timeout 60 python3 -m pytest -q tests/test_distributed_gpu.py > "$OUT/0_gpu_tests.log" 2>&1 \
-  || echo "step 0 (gpu tests) failed: $?" | tee -a "$OUT/failures.txt"
+step() {  # name seconds args...
+  local name=$1 secs=$2; shift 2
+  timeout "$secs" $L ddp train "$@" --format md -o "$OUT/$name.md" > "$OUT/$name.log" 2>&1 \
+    || echo "$name failed: $?" | tee -a "$OUT/failures.txt"
+}
 
-# 1. all-reduce table, world size 2, next to a bare torch.distributed loop in the same run. Look for:
-#    the 'per-round' busbw at 1GiB >= 0.95 x the 'bare loop' busbw at 1GiB (anchor: ~312 GB/s).
-timeout 75 $L comm allreduce --backend nccl --world-size 2 --sizes 1MB,10MB,100MB,1GB,1GiB \
-  --warmup 5 --iters 20 --baseline --format md --output "$OUT/1_comm_nccl.md" \
-  > "$OUT/1_comm_nccl.log" 2>&1 || echo "step 1 (comm allreduce) failed: $?" | tee -a "$OUT/failures.txt"
+# a) ~150 s: the four strategies, then two more bucketed/torch-ddp pairs (no baseline rerun: 1 process
+#    is in a1; with --no-baseline the pair's scaling is computed from a1's 1-process row by hand).
+step a1_xl_strategies 180 $XL --strategy bucketed,torch-ddp,fsdp,torch-fsdp --bucket-mb 400 --steps 10
+step a2_xl_pair 50 $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
+step a3_xl_pair 50 $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
 
-# 2. DDP, xl, bf16, batch 4 per rank, context 512: every strategy + torch-ddp + the 1-process row
-#    (scaling efficiency). Look for: bucketed ms/step <= torch-ddp and <= 1.10 x the '1 process' row.
-timeout 200 $L ddp train $XL --strategy naive,flat,overlap,bucketed,torch-ddp,fsdp \
-  --bucket-mb 25,100 --comm-dtype fp32,bf16 --warmup 3 --steps 6 \
-  --format md --output "$OUT/2_ddp_xl.md" > "$OUT/2_ddp_xl.log" 2>&1 \
-  || echo "step 2 (ddp train xl) failed: $?" | tee -a "$OUT/failures.txt"
+# b) ~110 s: levers (learned bucket order, gradient views, per-bucket optimizer, bf16 grads) ...
+step b1_xl_levers 100 $XL --strategy bucketed --bucket-mb 400 --comm-dtype fp32 \
+  --lever learned-order,grad-views,bucket-optimizer --steps 10 --no-baseline
+# ... and NCCL CTAs (process-wide, so its own run), with bf16 gradients for the same cap
+step b2_xl_ctas 50 $XL --strategy bucketed --bucket-mb 400 --comm-dtype fp32,bf16 --nccl-ctas 4 --steps 10 --no-baseline
 
-# 2b. bucket sizes against torch DDP with 20 timed steps (step 2's 6 are noisy): ~65 s.
-timeout 100 $L ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 100,200,400 --warmup 3 --steps 20 \
-  --format md --output "$OUT/2b_ddp_xl_buckets.md" > "$OUT/2b_ddp_xl_buckets.log" 2>&1 \
-  || echo "step 2b (ddp train xl buckets) failed: $?" | tee -a "$OUT/failures.txt"
-
-# 3. ShardedOptimizer (ZeRO-1): peak memory per rank and step time with it; compare with the same
-#    rows of step 2 (without). Look for: peak MiB/rank lower by about half of AdamW's state.
-timeout 120 $L ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 100 --shard-optimizer \
-  --warmup 3 --steps 6 --format md --output "$OUT/3_ddp_xl_zero1.md" > "$OUT/3_ddp_xl_zero1.log" 2>&1 \
-  || echo "step 3 (ddp train xl --shard-optimizer) failed: $?" | tee -a "$OUT/failures.txt"
+# c) ~60 s: 10b does not fit one GPU: the baseline row is OOM (the estimate), the strategies run
+step c_10b 110 --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 --backend nccl \
+  --warmup 2 --steps 5 --strategy fsdp,torch-fsdp
 
 set +x
-for f in "$OUT"/1_comm_nccl.md "$OUT"/2_ddp_xl.md "$OUT"/2b_ddp_xl_buckets.md "$OUT"/3_ddp_xl_zero1.md; do
-  [ -f "$f" ] && { echo "== $f"; cat "$f"; }
-done
+for f in "$OUT"/*.md; do echo "== $f"; cat "$f"; done
 [ -f "$OUT/failures.txt" ] && { echo "== failures"; cat "$OUT/failures.txt"; }
 exit 0
