@@ -112,19 +112,22 @@ def _all_reduce_then_copy(b: Buffers):
     b.out.copy_(b.inp[rank * b.chunk:(rank + 1) * b.chunk])
 
 
+# the names of the single-tensor calls that all_gather_flat / reduce_scatter_flat make on this torch
+_AG = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_RS = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 # op name (the `op` column) -> how it runs; per collective, the preferred op first, then fallbacks
 OPS: dict[str, Callable[[Buffers], object]] = {
     "all_reduce": lambda b: dist.all_reduce(b.out),
-    "all_gather_single": lambda b: all_gather_flat(b.out, b.inp),
+    _AG: lambda b: all_gather_flat(b.out, b.inp),
     "all_gather (list)": _list_all_gather,
-    "reduce_scatter_single": lambda b: reduce_scatter_flat(b.out, b.inp),
+    _RS: lambda b: reduce_scatter_flat(b.out, b.inp),
     "all_reduce + copy (no reduce_scatter)": _all_reduce_then_copy,
     "broadcast": lambda b: dist.broadcast(b.out, src=BROADCAST_SRC),
 }
 CANDIDATES = {
     "all-reduce": ("all_reduce",),
-    "all-gather": ("all_gather_single", "all_gather (list)"),
-    "reduce-scatter": ("reduce_scatter_single", "all_reduce + copy (no reduce_scatter)"),
+    "all-gather": (_AG, "all_gather (list)"),
+    "reduce-scatter": (_RS, "all_reduce + copy (no reduce_scatter)"),
     "broadcast": ("broadcast",),
 }
 
