@@ -62,7 +62,8 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
                  "op: the torch.distributed call that ran (a fallback where the backend lacks the preferred one).")
     if baseline:
         notes.append(f"bare loop: iters back-to-back {collective}s between two synchronisations, time / iters.")
-    emit(Report(f"comm {collective}", rows, meta, notes), format, output)
+    title = "comm allreduce" if collective == "all-reduce" else f"comm {collective}"  # the command's name
+    emit(Report(title, rows, meta, notes), format, output)
 
 
 @app.command("allreduce")
