@@ -33,7 +33,8 @@ def test_allreduce_end_to_end_through_torchrun(lmsys, tmp_path):
         algbw = row["bytes"] / (row["median ms"] * 1e-3) / 1e9
         assert row["algbw GB/s"] == pytest.approx(algbw)
         assert row["busbw GB/s"] == pytest.approx(algbw * 2 * (2 - 1) / 2)  # nccl-tests: 2(n-1)/n
-    assert [row["sum correct"] for row in rows if row["timing"] == "per-round"] == [True, True]
+    assert [row["correct"] for row in rows if row["timing"] == "per-round"] == [True, True]
+    assert {row["op"] for row in rows} == {"all_reduce"}
     assert "torch" in doc["meta"] and "run" in doc["meta"]
 
 
@@ -43,7 +44,7 @@ def test_allreduce_three_ranks_bf16_sum_is_exact(lmsys):
               "--warmup", "0", "--iters", "2", "--format", "json")
     assert r.code == 0, r.err
     (row,) = json.loads(r.out)["rows"]
-    assert row["sum correct"] is True and row["bytes"] == 3000
+    assert row["correct"] is True and row["bytes"] == 3000
     assert row["busbw GB/s"] == pytest.approx(row["algbw GB/s"] * 2 * 2 / 3)
 
 
@@ -57,7 +58,7 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)  # exactly one document: the other rank printed nothing
     (row,) = doc["rows"]
-    assert row["world size"] == 2 and row["sum correct"] is True
+    assert row["world size"] == 2 and row["correct"] is True
 
 
 @pytest.mark.parametrize("args, message", [

@@ -8,26 +8,25 @@ import typer
 
 from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
-app = typer.Typer(help="Collectives: all-reduce bandwidth over gloo or NCCL.", no_args_is_help=True)
+app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter and broadcast bandwidth over gloo or NCCL.",
+                  no_args_is_help=True)
+
+BackendOpt = Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")]
+WorldSizeOpt = Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4,6); one torchrun job each. Default 2 (under torchrun: its WORLD_SIZE).")]
+SizesOpt = Annotated[str, typer.Option(help="Message sizes (the full buffer), comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20.")]
+WarmupOpt = Annotated[int, typer.Option(help="Untimed rounds per size.")]
+ItersOpt = Annotated[int, typer.Option(help="Timed rounds per size.")]
+BaselineOpt = Annotated[bool, typer.Option("--baseline", help="Also time a bare torch.distributed loop (back-to-back collectives) per size.")]
+DEFAULT_SIZES = "1MB,10MB,100MB,1GB"
 
 
-@app.command("allreduce")
-def allreduce(
-    backend: Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")] = None,
-    world_size: Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4,6); one torchrun job each. Default 2 (under torchrun: its WORLD_SIZE).")] = None,
-    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20.")] = "1MB,10MB,100MB,1GB",
-    dtype: DtypeOpt = "fp32",
-    warmup: Annotated[int, typer.Option(help="Untimed rounds per size.")] = 5,
-    iters: Annotated[int, typer.Option(help="Timed rounds per size.")] = 20,
-    baseline: Annotated[bool, typer.Option("--baseline", help="Also time a bare torch.distributed loop (back-to-back all-reduces) per size.")] = False,
-    format: FormatOpt = "table",
-    output: OutputOpt = None,
-):
-    """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
+def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, format, output) -> None:
+    """Validate the shared options, run `collectives.collective_job` per world size, render (rank 0)."""
     from lmsys.core.devices import torch_dtype
     from lmsys.core.parsing import parse_bytes, parse_int_list, parse_list
     from lmsys.core.results import Report
     from lmsys.distributed import launch
+    from lmsys.distributed.collectives import BROADCAST_SRC
 
     check_render_options(format, output)
     check_counts(warmup=(warmup, 0), iters=(iters, 1))
@@ -41,17 +40,66 @@ def allreduce(
 
     rows, meta = [], {}
     for n in world_sizes:
-        result = run_on_ranks("lmsys.distributed.collectives:allreduce_job",
-                              dict(sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup, iters=iters,
-                                   baseline=baseline), world_size=n, backend=backend)
+        result = run_on_ranks("lmsys.distributed.collectives:collective_job",
+                              dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
+                                   iters=iters, baseline=baseline), world_size=n, backend=backend)
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         rows += result["rows"]
         meta = meta or result["meta"]
-    meta["run"] = (f"{backend}, {dtype}, warmup {warmup}, iters {iters}; per round: barrier, all-reduce, "
+    meta["run"] = (f"{backend}, {dtype}, warmup {warmup}, iters {iters}; per round: barrier, {collective}, "
                    "max over ranks")
-    notes = ["algbw = bytes / median time; busbw = algbw · 2(n−1)/n (nccl-tests convention). "
+    factor = {"all-reduce": "2(n−1)/n", "all-gather": "(n−1)/n", "reduce-scatter": "(n−1)/n",
+              "broadcast": "1"}[collective]
+    notes = [f"algbw = bytes / median time; busbw = algbw · {factor} (nccl-tests convention for {collective}). "
              "GB/s = 10^9 bytes/s."]
+    if collective in ("all-gather", "reduce-scatter"):
+        notes.append("bytes: the full buffer (all ranks' parts together), rounded down to a multiple of the "
+                     "world size; each rank sends or receives bytes / n of it.")
+    if collective == "broadcast":
+        notes.append(f"broadcast from rank {BROADCAST_SRC}.")
+    notes.append("correct: every rank's result equals what the collective must produce from known inputs. "
+                 "op: the torch.distributed call that ran (a fallback where the backend lacks the preferred one).")
     if baseline:
-        notes.append("bare loop: iters back-to-back all-reduces between two synchronisations, time / iters.")
-    emit(Report("comm allreduce", rows, meta, notes), format, output)
+        notes.append(f"bare loop: iters back-to-back {collective}s between two synchronisations, time / iters.")
+    title = "comm allreduce" if collective == "all-reduce" else f"comm {collective}"  # the command's name
+    emit(Report(title, rows, meta, notes), format, output)
+
+
+@app.command("allreduce")
+def allreduce(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
+              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
+              format: FormatOpt = "table", output: OutputOpt = None):
+    """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
+    measure("all-reduce", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
+            iters=iters, baseline=baseline, format=format, output=output)
+
+
+app.command("all-reduce", hidden=True)(allreduce)  # the spelling of the other three
+
+
+@app.command("all-gather")
+def all_gather(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
+               dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
+               format: FormatOpt = "table", output: OutputOpt = None):
+    """All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."""
+    measure("all-gather", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
+            iters=iters, baseline=baseline, format=format, output=output)
+
+
+@app.command("reduce-scatter")
+def reduce_scatter(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
+                   dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20,
+                   baseline: BaselineOpt = False, format: FormatOpt = "table", output: OutputOpt = None):
+    """Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."""
+    measure("reduce-scatter", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
+            iters=iters, baseline=baseline, format=format, output=output)
+
+
+@app.command("broadcast")
+def broadcast(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
+              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
+              format: FormatOpt = "table", output: OutputOpt = None):
+    """Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."""
+    measure("broadcast", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
+            iters=iters, baseline=baseline, format=format, output=output)

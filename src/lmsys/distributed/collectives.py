@@ -1,21 +1,34 @@
-"""The all-reduce benchmark behind `lmsys comm allreduce`, run on every rank of a group (see launch.py).
+"""The collective benchmarks behind `lmsys comm all-reduce|all-gather|reduce-scatter|broadcast`, run on
+every rank of a group (see launch.py); and the flat all-gather / reduce-scatter that ZeRO and FSDP use.
 
-Per message size: one correctness round (each rank contributes a known pattern; the result must equal
-the sum over ranks, checked element by element on every rank), then `warmup` untimed rounds and `iters`
-timed rounds. Each timed round is: barrier, then the all-reduce alone inside the timer's region (CUDA
-events on a GPU). A round's time is the max over ranks (the collective is done when the slowest rank
-is); rows report the median and mean of those maxima.
+One function measures every collective (`collective_job`, parameterised by its name). Per message size:
+one correctness round (each rank contributes a known pattern; the result must be what the collective
+produces, checked element by element on every rank), then `warmup` untimed rounds and `iters` timed
+rounds. Each timed round is: barrier, then the collective alone inside the timer's region (CUDA events
+on a GPU). A round's time is the max over ranks (the collective is done when the slowest rank is); rows
+report the median and mean of those maxima.
 
-Bandwidths follow the nccl-tests convention (PERFORMANCE.md there):
+The size of a row is the full buffer, as in nccl-tests: the gathered output of an all-gather, the
+input of a reduce-scatter (both rounded down to a multiple of the world size, each rank's part
+bytes / n), the one buffer of an all-reduce or broadcast. Bandwidths follow nccl-tests (PERFORMANCE.md):
     algbw = bytes / time
-    busbw = algbw · 2(n−1)/n     (all-reduce moves 2(n−1)/n of the buffer through each rank's link)
-so busbw is comparable across world sizes and with the link's peak.
+    busbw = algbw · factor,   factor = 2(n−1)/n  all-reduce
+                                        (n−1)/n  all-gather, reduce-scatter
+                                        1        broadcast
+(the fraction of the buffer that crosses each rank's link), so busbw compares across collectives and
+world sizes and with the link's peak.
 
 With `baseline`, a second row per size times a bare torch.distributed loop, as one would write it by
-hand: `iters` back-to-back all-reduces between two synchronisations, time / iters.
+hand: `iters` back-to-back collectives between two synchronisations, time / iters.
+
+Where the backend lacks the single-tensor call (gloo on older torch has no reduce_scatter_tensor or
+all_gather_into_tensor), the fallback runs and the row's `op` column names it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,17 +37,113 @@ from lmsys.core.devices import environment, torch_dtype
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+BROADCAST_SRC = 0
 _CHUNK = 1 << 24  # elements per step when filling/checking large buffers (bounds temporary memory)
 _PATTERN = 5  # rank r contributes (i mod 5) + r at index i: small integers, exact in fp16/bf16
 
 
-def allreduce_job(ctx: RankContext, *, sizes: list[int], labels: list[str], dtype: str, warmup: int,
-                  iters: int, baseline: bool) -> dict:
+def bus_factor(collective: str, n: int) -> float:
+    """busbw / algbw for `collective` on n ranks (nccl-tests PERFORMANCE.md)."""
+    if collective == "all-reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all-gather", "reduce-scatter"):
+        return (n - 1) / n
+    if collective == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+# ------------------------------------------------------------------------ flat collectives (ZeRO, FSDP)
+
+
+def all_gather_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
+    """output (n·k elements) <- every rank's input (k elements), in rank order. torch ≥ 2.13 names it
+    all_gather_single (all_gather_into_tensor is deprecated there); older torch only has the latter."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, async_op=async_op)
+
+
+def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
+    """output (k elements) <- the sum over ranks of this rank's k-element chunk of input (n·k)."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, async_op=async_op)
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+
+@dataclass
+class Buffers:
+    """What one collective reads and writes; `inp is out` for all-reduce and broadcast (in place)."""
+
+    collective: str
+    inp: torch.Tensor
+    out: torch.Tensor
+    world_size: int
+
+    @property
+    def chunk(self) -> int:  # each rank's part of the full buffer
+        return self.full_numel // self.world_size
+
+    @property
+    def full_numel(self) -> int:
+        return self.inp.numel() if self.collective == "reduce-scatter" else self.out.numel()
+
+
+def make_buffers(collective: str, *, numel: int, world_size: int, dtype: torch.dtype, device) -> Buffers:
+    """Buffers whose full size is `numel` elements (a multiple of world_size for all-gather and
+    reduce-scatter)."""
+    full = torch.empty(numel, dtype=dtype, device=device)
+    if collective == "all-gather":
+        return Buffers(collective, torch.empty(numel // world_size, dtype=dtype, device=device), full, world_size)
+    if collective == "reduce-scatter":
+        return Buffers(collective, full, torch.empty(numel // world_size, dtype=dtype, device=device), world_size)
+    return Buffers(collective, full, full, world_size)
+
+
+def _list_all_gather(b: Buffers):
+    return dist.all_gather(list(b.out.chunk(b.world_size)), b.inp)
+
+
+def _all_reduce_then_copy(b: Buffers):
+    dist.all_reduce(b.inp)
+    rank = dist.get_rank()
+    b.out.copy_(b.inp[rank * b.chunk:(rank + 1) * b.chunk])
+
+
+# the names of the single-tensor calls that all_gather_flat / reduce_scatter_flat make on this torch
+_AG = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_RS = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+# op name (the `op` column) -> how it runs; per collective, the preferred op first, then fallbacks
+OPS: dict[str, Callable[[Buffers], object]] = {
+    "all_reduce": lambda b: dist.all_reduce(b.out),
+    _AG: lambda b: all_gather_flat(b.out, b.inp),
+    "all_gather (list)": _list_all_gather,
+    _RS: lambda b: reduce_scatter_flat(b.out, b.inp),
+    "all_reduce + copy (no reduce_scatter)": _all_reduce_then_copy,
+    "broadcast": lambda b: dist.broadcast(b.out, src=BROADCAST_SRC),
+}
+CANDIDATES = {
+    "all-reduce": ("all_reduce",),
+    "all-gather": (_AG, "all_gather (list)"),
+    "reduce-scatter": (_RS, "all_reduce + copy (no reduce_scatter)"),
+    "broadcast": ("broadcast",),
+}
+
+
+def _unsupported(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, NotImplementedError) or "support" in text or "not implemented" in text
+
+
+def collective_job(ctx: RankContext, *, collective: str, sizes: list[int], labels: list[str], dtype: str,
+                   warmup: int, iters: int, baseline: bool) -> dict:
     """Rows for every size on this group (meaningful on rank 0), plus the run's environment."""
     rows = []
     for nbytes, label in zip(sizes, labels):
-        rows += measure_allreduce(ctx, nbytes=nbytes, label=label, dtype=dtype, warmup=warmup, iters=iters,
-                                  baseline=baseline)
+        rows += measure_collective(ctx, collective, nbytes=nbytes, label=label, dtype=dtype, warmup=warmup,
+                                   iters=iters, baseline=baseline)
     meta = environment(ctx.device)
     if ctx.backend == "nccl":
         version = torch.cuda.nccl.version()  # a tuple on recent torch, an int (e.g. 21803) on old ones
@@ -42,25 +151,42 @@ def allreduce_job(ctx: RankContext, *, sizes: list[int], labels: list[str], dtyp
     return {"rows": rows, "meta": meta}
 
 
-def measure_allreduce(ctx: RankContext, *, nbytes: int, label: str, dtype: str, warmup: int, iters: int,
-                      baseline: bool) -> list[dict]:
+def measure_collective(ctx: RankContext, collective: str, *, nbytes: int, label: str, dtype: str, warmup: int,
+                       iters: int, baseline: bool) -> list[dict]:
     dt = torch_dtype(dtype)
+    n = ctx.world_size
     numel = max(1, nbytes // torch.tensor([], dtype=dt).element_size())
-    buf = torch.empty(numel, dtype=dt, device=ctx.device)
-    nbytes = buf.numel() * buf.element_size()  # what is really sent (a multiple of the element size)
-    correct = check_allreduce_sum(ctx, buf)
+    if collective in ("all-gather", "reduce-scatter"):
+        numel = max(n, numel // n * n)  # each rank's part is numel / n
+    bufs = make_buffers(collective, numel=numel, world_size=n, dtype=dt, device=ctx.device)
+    nbytes = numel * bufs.out.element_size()  # what is really measured (the full buffer)
 
-    buf.zero_()  # timed rounds reduce zeros: the values stay finite however many rounds run
+    op_name, correct = None, None
+    for name in CANDIDATES[collective]:  # the first op this backend runs
+        try:
+            correct = check_result(ctx, bufs, run=lambda: OPS[name](bufs))
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            if not _unsupported(exc):
+                raise
+            continue
+        op_name = name
+        break
+    if op_name is None:
+        del bufs
+        return [_row(ctx, collective, label, nbytes, dtype, "per-round", None, None, None, "unsupported")]
+    op = OPS[op_name]
+
+    bufs.inp.zero_()  # timed rounds move zeros: the values stay finite however many rounds run
     for _ in range(warmup):
         barrier(ctx)
-        dist.all_reduce(buf)
+        op(bufs)
     timer = RegionTimer(ctx.device)
     for _ in range(iters):
         barrier(ctx)
-        with timer.region("allreduce"):
-            dist.all_reduce(buf)
-    stats = max_over_ranks(ctx, timer.samples("allreduce"))
-    rows = [_row(ctx, label, nbytes, dtype, "per-round", stats.median, stats.mean, correct)]
+        with timer.region("op"):
+            op(bufs)
+    stats = max_over_ranks(ctx, timer.samples("op"))
+    rows = [_row(ctx, collective, label, nbytes, dtype, "per-round", stats.median, stats.mean, correct, op_name)]
 
     if baseline:
         barrier(ctx)
@@ -68,17 +194,19 @@ def measure_allreduce(ctx: RankContext, *, nbytes: int, label: str, dtype: str, 
         timer = RegionTimer(ctx.device)
         with timer.region("loop"):
             for _ in range(iters):
-                dist.all_reduce(buf)
+                op(bufs)
         per_op = max_over_ranks(ctx, timer.samples("loop")).median / iters
-        rows.append(_row(ctx, label, nbytes, dtype, "bare loop", per_op, per_op, None))
-    del buf
+        rows.append(_row(ctx, collective, label, nbytes, dtype, "bare loop", per_op, per_op, None, op_name))
+    del bufs
     return rows
 
 
-def _row(ctx, label, nbytes, dtype, timing, median_ms, mean_ms, correct) -> dict:
-    algbw = nbytes / (median_ms * 1e-3) / 1e9  # GB/s (10^9), nccl-tests convention
+def _row(ctx, collective, label, nbytes, dtype, timing, median_ms, mean_ms, correct, op_name) -> dict:
     n = ctx.world_size
-    busbw = algbw * 2 * (n - 1) / n  # nccl-tests all-reduce bus bandwidth
+    algbw = busbw = None
+    if median_ms is not None:
+        algbw = nbytes / (median_ms * 1e-3) / 1e9  # GB/s (10^9), nccl-tests convention
+        busbw = algbw * bus_factor(collective, n)  # nccl-tests bus bandwidth of this collective
     return {
         "backend": ctx.backend,
         "world size": n,
@@ -90,7 +218,8 @@ def _row(ctx, label, nbytes, dtype, timing, median_ms, mean_ms, correct) -> dict
         "mean ms": mean_ms,
         "algbw GB/s": algbw,
         "busbw GB/s": busbw,
-        "sum correct": correct,
+        "correct": correct,
+        "op": op_name,
     }
 
 
@@ -101,20 +230,41 @@ def max_over_ranks(ctx: RankContext, samples_ms: list[float]) -> Stats:
     return Stats(tuple(t.tolist()))
 
 
-def check_allreduce_sum(ctx: RankContext, buf: torch.Tensor) -> bool:
-    """All-reduce a known pattern and check the sum on every rank; True only if every rank agrees."""
-    n = ctx.world_size
-    numel = buf.numel()
-    for start in range(0, numel, _CHUNK):
-        idx = torch.arange(start, min(numel, start + _CHUNK), device=buf.device)
-        buf[start:start + idx.numel()] = (idx % _PATTERN + ctx.rank).to(buf.dtype)
-    dist.all_reduce(buf)
+# --------------------------------------------------------------------------------------- correctness
+
+
+def _spans(b: Buffers, rank: int) -> tuple[int, int]:
+    """Global index of the first element of this rank's input and of its output."""
+    in_start = rank * b.chunk if b.collective == "all-gather" else 0
+    out_start = rank * b.chunk if b.collective == "reduce-scatter" else 0
+    return in_start, out_start
+
+
+def _expected(b: Buffers, idx: torch.Tensor) -> torch.Tensor:
+    """What the collective must leave at global indices idx, when rank r put (i mod 5) + r at index i."""
+    n = b.world_size
+    if b.collective in ("all-reduce", "reduce-scatter"):  # sum over ranks
+        return n * (idx % _PATTERN) + n * (n - 1) // 2
+    if b.collective == "all-gather":  # index i comes from rank i // chunk
+        return idx % _PATTERN + idx // b.chunk
+    return idx % _PATTERN + BROADCAST_SRC  # broadcast: the source's values everywhere
+
+
+def check_result(ctx: RankContext, bufs: Buffers, *, run: Callable[[], object]) -> bool:
+    """Fill a known pattern, `run()` the collective, check the output on every rank; True only if every
+    rank saw exactly what the collective must produce."""
+    in_start, out_start = _spans(bufs, ctx.rank)
+    for start in range(0, bufs.inp.numel(), _CHUNK):
+        idx = torch.arange(start, min(bufs.inp.numel(), start + _CHUNK), device=bufs.inp.device) + in_start
+        bufs.inp[start:start + idx.numel()] = (idx % _PATTERN + ctx.rank).to(bufs.inp.dtype)
+    if bufs.out is not bufs.inp:
+        bufs.out.fill_(-1)  # nothing left over from before counts as a result
+    run()
     ok = True
-    offset = n * (n - 1) // 2  # sum of the ranks
-    for start in range(0, numel, _CHUNK):
-        idx = torch.arange(start, min(numel, start + _CHUNK), device=buf.device)
-        expected = (n * (idx % _PATTERN) + offset).to(buf.dtype)
-        ok = ok and bool(torch.equal(buf[start:start + idx.numel()], expected))
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=buf.device)
+    for start in range(0, bufs.out.numel(), _CHUNK):
+        idx = torch.arange(start, min(bufs.out.numel(), start + _CHUNK), device=bufs.out.device) + out_start
+        expected = _expected(bufs, idx).to(bufs.out.dtype)
+        ok = ok and bool(torch.equal(bufs.out[start:start + idx.numel()], expected))
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=bufs.out.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
