@@ -181,8 +181,15 @@ def train_distributed(s: dict, batches, rank: int, world: int):
     else:
         from lmsys.distributed.fsdp import FSDP
 
+        import gc
+        import weakref
+
         info["full_numel"] = sum(p.numel() for p in model.parameters())
+        originals = [weakref.ref(p) for p in model.parameters()]
         wrapped = FSDP(model, compute_dtype=torch.float16 if s["wrap"].endswith("fp16") else None)
+        gc.collect()
+        # the full parameters were copied into flat shards: nothing may keep them alive (xl: 7.6 GB/rank)
+        info["originals_alive"] = sum(ref() is not None for ref in originals)
         info["shard_numel"] = sum(p.numel() for p in wrapped.shards)
         info["groups"] = len(wrapped.shards)
     params = [p for p in wrapped.parameters() if p.requires_grad]
@@ -367,6 +374,7 @@ def test_fsdp_frees_blocks_after_forward_and_gathers_them_again_for_backward():
         if s["wrap"].startswith("fsdp"):
             for info in results[scenario_id(s)]["info"]:
                 assert info["gathered_after_step"] == 0
+                assert info["originals_alive"] == 0
                 # the root (embeddings, frozen, rare, norm, head) once a step, each block twice
                 assert info["gathers"] == [STEPS, 2 * STEPS, 2 * STEPS], (scenario_id(s), info["gathers"])
 

@@ -147,10 +147,12 @@ class _Unit:
     def __init__(self, index: int, module: nn.Module, slots: list[tuple[nn.Module, str, nn.Parameter]],
                  *, root: bool, rank: int, world: int, compute_dtype):
         self.index, self.module, self.root = index, module, root
-        self.trainable_slots = [s for s in slots if s[2].requires_grad]
-        self.frozen_slots = [s for s in slots if not s[2].requires_grad]
+        # The original parameters are only read here (copied into the flat shards): keeping them in an
+        # attribute kept every full fp32 weight alive (xl: +7.6 GB per rank on 2xH200).
+        trainable_slots = [s for s in slots if s[2].requires_grad]
+        frozen_slots = [s for s in slots if not s[2].requires_grad]
         self.groups: list[tuple[_FlatGroup, list]] = []
-        for group_slots, trainable in ((self.trainable_slots, True), (self.frozen_slots, False)):
+        for group_slots, trainable in ((trainable_slots, True), (frozen_slots, False)):
             if group_slots:
                 unique = list({id(p): p for _, _, p in group_slots}.values())
                 group = _FlatGroup(unique, rank=rank, world=world, compute_dtype=compute_dtype,

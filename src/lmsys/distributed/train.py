@@ -305,10 +305,9 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
         comm = None if spec.comm_dtype == "fp32" else torch_dtype(spec.comm_dtype)
         factory = None
         if spec.lever == "bucket-optimizer":
-            fused = ctx.device.type == "cuda"
-
-            def factory(params):
-                return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01, fused=fused)
+            def factory(params):  # the same (foreach) AdamW as every other row: a fused one per bucket
+                # measured 163 ms against 190 on 2xH200, most of it fused against foreach, not overlap
+                return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.01)
         return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
                                bucket_order="learned" if spec.lever == "learned-order" else "reverse",
                                grad_views=spec.lever == "grad-views")
