@@ -103,14 +103,19 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
 
 
 def check_qkv(q, k, v, *, impl: str) -> None:
-    """Shapes every implementation needs: q [..., n_q, d], k and v [..., n_k, d], same leading dims,
-    dtype and device. Raises LmsysError naming `impl` and the shapes."""
+    """Shapes every implementation needs: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d], the same leading
+    dims, Hq a multiple of Hkv (grouped-query attention), one dtype and device. Raises LmsysError naming
+    `impl` and the shapes."""
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise LmsysError(f"{impl}: q, k and v must be [..., n, d] with the same number of dims; got {shapes}")
-    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+    if k.shape != v.shape or q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1] or (
+            q.dim() == 2 and q.shape[:-2] != k.shape[:-2]):
         raise LmsysError(f"{impl}: expected q [..., n_q, d] and k, v [..., n_k, d] with the same leading dims "
                          f"and d; got {shapes}")
+    if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
+        raise LmsysError(f"{impl}: q has {q.shape[-3]} heads (dim -3), k and v {k.shape[-3]}: the query heads must "
+                         f"be a multiple of the key/value heads ({shapes})")
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
         raise LmsysError(f"{impl}: empty sequence or head dim ({shapes})")
     if not (q.dtype == k.dtype == v.dtype):
