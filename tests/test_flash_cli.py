@@ -172,3 +172,25 @@ def test_output_or_plot_that_is_a_directory_is_a_user_error(lmsys, tmp_path):
         r = lmsys("bench", "attention", "--device", "cpu", option, str(tmp_path))
         assert r.code == 2 and f"{option}: {tmp_path} is a directory" in r.err
         assert list(tmp_path.iterdir()) == []  # nothing was written next to it either
+
+
+def test_bench_attention_kv_heads(lmsys):
+    """--kv-heads: k and v with fewer heads, every implementation runs them (naive repeats, SDPA enable_gqa)."""
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "naive,sdpa,flash-torch", "--heads", "4",
+              "--kv-heads", "1", "--d-head", "80", "--seq-len", "24", "--warmup", "0", "--steps", "1",
+              "--causal", "--format", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert "kv heads 1" in doc["meta"]["run"]
+    assert [row["status"] for row in doc["rows"]] == ["ok"] * 3 and all(row["d"] == 80 for row in doc["rows"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--heads", "4,6", "--kv-heads", "4"), "--kv-heads 4 must divide every --heads value (not 6)"),
+    (("--heads", "4", "--kv-heads", "0"), "--kv-heads 0 must divide"),
+    (("--impl", "flash-triton", "--d-head", "84"), "head dim 84 is not supported"),
+])
+def test_bench_attention_head_errors(lmsys, args, needle):
+    r = lmsys("bench", "attention", "--device", "cpu", "--seq-len", "16", *args)
+    assert r.code == 2 and needle in r.err, r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2

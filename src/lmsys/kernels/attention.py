@@ -1,6 +1,8 @@
 """One attention function for the whole project, switched by name.
 
-`attention(q, k, v, is_causal, impl)` takes q [..., n_queries, d] and k, v [..., n_keys, d]. Causal means
+`attention(q, k, v, is_causal, impl)` takes q [..., n_queries, d] and k, v [..., n_keys, d]; k and v may
+have fewer heads (dim -3) than q (grouped-query attention): SDPA gets enable_gqa, the flash kernels read
+the shared heads in place, and naive/compiled/annotated repeat them. Causal means
 query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implementations:
 
 - `naive`: softmax(q kᵀ / √d) v, the full score matrix materialised (the assignment's baseline);
@@ -42,8 +44,20 @@ def _compiled(q, k, v, is_causal):
     return _compiled_naive()(q, k, v, is_causal)
 
 
+def _gqa(q, k) -> dict:
+    """SDPA's flag for k, v with fewer heads than q (grouped-query attention), only when they have."""
+    return {"enable_gqa": True} if q.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
+
+
+def repeat_kv(q, k, v):
+    """k, v [..., Hkv, n, d] repeated to q's Hq heads (for the implementations without grouped-query support)."""
+    if q.dim() < 3 or k.shape[-3] == q.shape[-3]:
+        return k, v
+    return (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
+
+
 def _sdpa(q, k, v, is_causal):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **_gqa(q, k))
 
 
 def _sdpa_pinned(backend_name: str) -> Callable:
@@ -53,7 +67,7 @@ def _sdpa_pinned(backend_name: str) -> Callable:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **_gqa(q, k))
 
     return run
 
@@ -124,5 +138,11 @@ def check_qkv(q, k, v, *, impl: str) -> None:
         raise LmsysError(f"{impl}: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
+REPEAT_KV = ("naive", "compiled", "annotated")  # the others take k, v with fewer heads than q as they are
+
+
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):
+    """q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv."""
+    if impl in REPEAT_KV:
+        k, v = repeat_kv(q, k, v)
     return IMPLS[check_impl(impl)](q, k, v, is_causal)
