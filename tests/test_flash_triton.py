@@ -291,9 +291,11 @@ def test_shared_memory_comes_from_the_device(monkeypatch):
     assert flash_triton.shared_memory("cpu") is None
     monkeypatch.setattr(flash_triton, "shared_memory", lambda device: 16 * 1024)
     monkeypatch.setattr(flash_triton, "CONFIGS", flash_triton.GPU_CONFIGS)
+    flash_triton._smallest_tiles.cache_clear()
     with pytest.raises(LmsysError, match="needs .* bytes of shared memory .* this GPU offers 16384"):
         flash_triton._check_shared_memory(128, torch.float32, "cpu")
     flash_triton._check_shared_memory(16, torch.bfloat16, "cpu")  # small tiles fit
+    flash_triton._smallest_tiles.cache_clear()  # computed from the GPU list: not for later tests
 
 
 # ------------------------------------------------------------------------------------------ GPU only

@@ -616,14 +616,18 @@ def check_head_dim(d: int) -> None:
                          f"from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})", hint="use flash-torch or sdpa for other head dims")
 
 
+@functools.lru_cache(maxsize=None)
+def _smallest_tiles(d_pad: int, elem: int) -> dict:
+    """Shared-memory bytes of each kernel's cheapest config (cached: checked on every call)."""
+    return {kernel: min(_cost(kernel, c, d_pad, elem)[1] for c in configs) for kernel, configs in CONFIGS.items()}
+
+
 def _check_shared_memory(d: int, dtype, device) -> None:
     """Every kernel has a config whose tiles fit in this GPU's shared memory (read from the device)."""
     smem = shared_memory(device)
     if smem is None:
         return
-    elem = torch.empty(0, dtype=dtype).element_size()
-    for kernel, configs in CONFIGS.items():
-        need = min(_cost(kernel, c, head_dim_pad(d), elem)[1] for c in configs)
+    for kernel, need in _smallest_tiles(head_dim_pad(d), dtype.itemsize).items():
         if need > smem:
             raise LmsysError(f"flash-triton: head dim {d} in {dtype} needs {need} bytes of shared memory per "
                              f"block ({kernel} kernel, smallest tile); this GPU offers {smem}",
