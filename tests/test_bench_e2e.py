@@ -91,13 +91,20 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
     (("--cuda-graphs",), "--cuda-graphs works through torch.compile"),
     (("--compile", "--compile-blocks"), "exclusive"),
     (("--fused-ce", "maybe"), "--fused-ce"),
-    (("--size", "2.7b", "--attn", "flash-triton"), "head dim 80 is not supported"),
+    (("--size", "tiny", "--heads", "16", "--attn", "flash-triton"), "head dim 8 is not supported"),
 ])
 def test_bad_input_exits_2_with_one_line(lmsys, args, message):
     r = lmsys("bench", "e2e", "--device", "cpu", *args)
     assert r.code == 2
     assert message in r.err and "Traceback" not in r.err
     assert len(r.err.strip().splitlines()) <= 2  # the message, and at most a hint
+
+
+def test_2_7b_head_dim_80_is_accepted_by_flash_triton():
+    from lmsys.bench.e2e import resolve_configs
+
+    [(name, cfg)] = resolve_configs(["2.7b"], context_length=128, attn_impl="flash-triton")
+    assert cfg.d_head == 80 and cfg.attn_impl == "flash-triton"
 
 
 def test_cuda_requested_without_gpu(lmsys):

@@ -24,7 +24,9 @@ def test_flash_check_passes_and_covers_every_dtype(lmsys, impl):
     rows = _rows(r.out)
     assert len(rows) == 5 and all(row["result"] == "pass" for row in rows)
     assert {row["dtype"] for row in rows} == {"fp32", "fp16", "bf16"}
-    assert {row["d"] for row in rows} == set(flash_check.HEAD_DIMS)
+    assert {row["d"] for row in rows} == set(flash_check.HEAD_DIMS[:5])  # 64, 80, 16, 128, 256: padded ones too
+    assert {row["heads q/kv"] for row in rows if row["case"] % 3 == 0} <= {"4/1", "4/2", "6/3", "8/2"}
+    assert any(row["heads q/kv"] in ("4/1", "4/2", "6/3", "8/2") for row in rows)  # grouped-query cases
     assert all(flash_check.supported(impl, row["d"], row["dtype"]) for row in rows)
     for row in rows:
         assert 1 <= row["n_q"] <= 40 and 1 <= row["n_k"] <= 40
@@ -170,3 +172,25 @@ def test_output_or_plot_that_is_a_directory_is_a_user_error(lmsys, tmp_path):
         r = lmsys("bench", "attention", "--device", "cpu", option, str(tmp_path))
         assert r.code == 2 and f"{option}: {tmp_path} is a directory" in r.err
         assert list(tmp_path.iterdir()) == []  # nothing was written next to it either
+
+
+def test_bench_attention_kv_heads(lmsys):
+    """--kv-heads: k and v with fewer heads, every implementation runs them (naive repeats, SDPA enable_gqa)."""
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "naive,sdpa,flash-torch", "--heads", "4",
+              "--kv-heads", "1", "--d-head", "80", "--seq-len", "24", "--warmup", "0", "--steps", "1",
+              "--causal", "--format", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert "kv heads 1" in doc["meta"]["run"]
+    assert [row["status"] for row in doc["rows"]] == ["ok"] * 3 and all(row["d"] == 80 for row in doc["rows"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--heads", "4,6", "--kv-heads", "4"), "--kv-heads 4 must divide every --heads value (not 6)"),
+    (("--heads", "4", "--kv-heads", "0"), "--kv-heads 0 must divide"),
+    (("--impl", "flash-triton", "--d-head", "84"), "head dim 84 is not supported"),
+])
+def test_bench_attention_head_errors(lmsys, args, needle):
+    r = lmsys("bench", "attention", "--device", "cpu", "--seq-len", "16", *args)
+    assert r.code == 2 and needle in r.err, r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2

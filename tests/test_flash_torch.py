@@ -121,7 +121,9 @@ def test_non_contiguous_inputs_and_dispatch():
 
 
 @pytest.mark.parametrize("shapes,needle", [
-    (((2, 10, 16), (3, 10, 16), (3, 10, 16)), "same leading dims"),
+    (((2, 10, 16), (3, 10, 16), (3, 10, 16)), "q has 2 heads (dim -3), k and v 3"),
+    (((1, 6, 10, 16), (1, 4, 10, 16), (1, 4, 10, 16)), "multiple of the key/value heads"),
+    (((2, 4, 10, 16), (1, 2, 10, 16), (1, 2, 10, 16)), "same leading dims"),
     (((2, 10, 16), (2, 10, 32), (2, 10, 32)), "same leading dims and d"),
     (((2, 10, 16), (2, 9, 16), (2, 10, 16)), "same leading dims"),
     (((10,), (10,), (10,)), "[..., n, d]"),
@@ -132,6 +134,19 @@ def test_shape_errors_are_one_line(shapes, needle):
     with pytest.raises(LmsysError) as info:
         flash_forward(q, k, v)
     assert needle in str(info.value) and "flash-torch" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("lead,hq,hkv,n_q,n_k,d,causal", [
+    ((2,), 4, 1, 37, 29, 80, True),   # multi-query
+    ((), 8, 2, 21, 45, 40, False),    # Hkv = Hq/4
+    ((1,), 6, 3, 33, 33, 24, True),
+])
+def test_grouped_query_attention_matches_float64(lead, hq, hkv, n_q, n_k, d, causal):
+    """k, v with fewer heads than q, not repeated: dK, dV summed over each group of query heads."""
+    g = torch.Generator().manual_seed(hq * 10 + hkv)
+    q = torch.randn(*lead, hq, n_q, d, generator=g)
+    k, v = (torch.randn(*lead, hkv, n_k, d, generator=g) for _ in range(2))
+    _run_and_compare(q, k, v, causal, TOL[torch.float32], q_tile=16, k_tile=8)
 
 
 def test_dtype_mismatch_is_an_error():

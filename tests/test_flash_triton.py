@@ -18,6 +18,12 @@ from lmsys.kernels.attention import attention, naive_attention
 from lmsys.kernels.flash_check import reference_attention, relative_error
 from lmsys.kernels.flash_triton import FlashAttentionTriton, flash_forward
 
+
+def tl_lang():
+    import triton.language as tl
+
+    return tl
+
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -27,10 +33,11 @@ def _rel(x, ref):
     return relative_error(x, ref)
 
 
-def _run_and_compare(q, k, v, causal, tol):
-    """Forward + backward on DEVICE; O, the saved L and dQ, dK, dV against float64 on the CPU."""
+def _run_and_compare(q, k, v, causal, tol, *, deterministic=None, policy=None):
+    """Forward + backward on DEVICE; O, the saved L and dQ, dK, dV against float64 on the CPU. k and v
+    may have fewer heads than q (dim -3): the reference repeats them."""
     q_, k_, v_ = (x.detach().to(DEVICE).requires_grad_() for x in (q, k, v))
-    out = FlashAttentionTriton.apply(q_, k_, v_, causal)
+    out = FlashAttentionTriton.apply(q_, k_, v_, causal, deterministic, policy)
     lse = out.grad_fn.saved_tensors[4]
     do = torch.randn(out.shape).to(q.dtype)
     dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(DEVICE))
@@ -87,6 +94,76 @@ def test_fresh_random_shapes():
             raise AssertionError(f"seed {seed}: {lead} {n_q}x{n_k} d{d} {dtype} causal={causal}: {exc}") from None
 
 
+def _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead, hq, n_q, d, generator=g).to(dtype)
+    k, v = (torch.randn(*lead, hkv, n_k, d, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+# Head dims that are multiples of 8 but not powers of two (padded to the next one inside the kernel, with
+# masks), a power of two for contrast, and 256; in every dtype that takes them, causal and not.
+PADDED_CASES = [
+    ((2,), 37, 53, 80, False, torch.float32),
+    ((1,), 45, 29, 40, True, torch.bfloat16),
+    ((), 33, 33, 24, True, torch.float16),
+    ((1,), 29, 45, 96, True, torch.bfloat16),
+    ((1,), 21, 37, 136, False, torch.float16),
+    ((1,), 25, 25, 256, True, torch.float16),
+]
+
+
+@pytest.mark.parametrize("lead,n_q,n_k,d,causal,dtype", PADDED_CASES)
+def test_padded_head_dims_match_float64(lead, n_q, n_k, d, causal, dtype):
+    _run_and_compare(*_inputs(lead, n_q, n_k, d, dtype, seed=d * 7 + n_q), causal, TOL[dtype])
+
+
+# (leading dims, Hq, Hkv, n_q, n_k, d, causal, dtype): multi-query (Hkv 1), Hkv = Hq/4, Hkv = Hq/2.
+GQA_CASES = [
+    ((1,), 4, 1, 37, 29, 32, True, torch.float32),
+    ((2,), 8, 2, 21, 45, 80, False, torch.bfloat16),
+    ((), 4, 2, 33, 33, 16, True, torch.float16),
+]
+
+
+@pytest.mark.parametrize("lead,hq,hkv,n_q,n_k,d,causal,dtype", GQA_CASES)
+def test_grouped_query_attention_matches_float64(lead, hq, hkv, n_q, n_k, d, causal, dtype):
+    """k, v with fewer heads than q: dK, dV summed over each group, compared with repeated heads in float64."""
+    q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=hq * 100 + hkv)
+    _run_and_compare(q, k, v, causal, TOL[dtype])
+
+
+@pytest.mark.parametrize("case", [((1,), 4, 1, 37, 29, 80, True, torch.float32),
+                                  ((2,), 2, 2, 45, 61, 64, False, torch.bfloat16)])
+def test_atomic_backward_matches_float64(case):
+    """deterministic=False: one backward launch, dQ accumulated in float32 with atomics."""
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    policy = flash_triton.Policy()
+    _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q), causal, TOL[dtype],
+                     deterministic=False, policy=policy)
+    assert set(policy.ran) == {"fwd", "dkdv"}  # no dQ kernel ran
+
+
+@pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
+@pytest.mark.parametrize("case", [((1,), 4, 2, 37, 29, 80, True, torch.float32),
+                                  ((1,), 2, 2, 33, 50, 64, False, torch.bfloat16)])
+def test_tensor_descriptor_and_warp_specialised_forward_match_float64(case):
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
+    policy = flash_triton.Policy(tma=True, warp_specialize=True)
+    assert flash_triton._tma_usable(policy, q, k, v) == (DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 3), (2, 4), (6, 4)])
+def test_query_heads_not_a_multiple_of_kv_heads(hq, hkv):
+    q, k, v = _gqa_inputs((1,), hq, hkv, 9, 9, 16, torch.float32, seed=0)
+    with pytest.raises(LmsysError) as info:
+        flash_forward(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
+    assert f"q has {hq} heads" in str(info.value) and "multiple of the key/value heads" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.skipif(not flash_triton.INTERPRET, reason="interpreter configs")
 @pytest.mark.parametrize("causal", [False, True])
 def test_swapped_tile_shapes(causal, monkeypatch):
@@ -139,11 +216,13 @@ def test_non_contiguous_inputs_and_expanded_grad():
             assert _rel(got, want.detach()) < 1e-4
 
 
-def test_head_dim_error_names_the_limit():
-    q = torch.randn(1, 9, 80, device=DEVICE)
+@pytest.mark.parametrize("d", [8, 12, 20, 84, 264])
+def test_head_dim_error_names_the_limit(d):
+    q = torch.randn(1, 9, d, device=DEVICE)
     with pytest.raises(LmsysError) as info:
         flash_forward(q, q, q)
-    assert "head dim 80" in str(info.value) and "16, 32, 64, 128, 256" in str(info.value)
+    assert f"head dim {d}" in str(info.value) and "multiples of 8 from 16 to 256" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("shapes", [
@@ -157,9 +236,10 @@ def test_mismatched_shapes_raise_lmsys_error(shapes):
         flash_forward(q, k, v)
 
 
-def test_head_dim_256_needs_16_bit_inputs():
-    q = torch.randn(1, 9, 256, device=DEVICE)
-    with pytest.raises(LmsysError, match="head dim 256 needs fp16 or bf16"):
+@pytest.mark.parametrize("d", [136, 256])
+def test_head_dims_past_128_need_16_bit_inputs(d):
+    q = torch.randn(1, 9, d, device=DEVICE)
+    with pytest.raises(LmsysError, match=f"head dim {d} needs fp16 or bf16"):
         flash_forward(q, q, q)
     out, lse = flash_forward(q.half(), q.half(), q.half())
     assert out.dtype == torch.float16 and lse.dtype == torch.float32
@@ -180,20 +260,42 @@ def test_cpu_tensors_without_interpreter_point_to_flash_torch(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
-@pytest.mark.parametrize("d", flash_triton.HEAD_DIMS)
+@pytest.mark.parametrize("d", [16, 40, 64, 80, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_autotune_filter_keeps_configs_within_budget(kernel, d, dtype, monkeypatch):
-    prune = flash_triton._prune_by_head_dim(kernel)
+def test_fitting_configs_keep_within_budget(kernel, d, dtype):
+    smem = 232448  # an H200's per-block limit, as the device reports it
+    elem = torch.empty(0, dtype=dtype).element_size()
     budget = flash_triton._tile_budget(kernel)
-    args = {"Q": torch.empty(1, dtype=dtype)}
     configs = flash_triton.GPU_CONFIGS[kernel]
-    kept = prune(configs, args, HEAD_DIM=d)
+    pad = flash_triton.head_dim_pad(d)
+    kept = flash_triton.fitting_configs(kernel, configs, d_pad=pad, elem=elem, smem=smem)
     assert kept and all(c in configs for c in kept)
-    for c in kept:
-        acc, smem = budget(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, c.num_stages, torch.empty(0, dtype=dtype).element_size())
-        assert smem <= flash_triton.SMEM_BYTES and acc / (32 * c.num_warps) <= flash_triton.ACC_PER_THREAD
-    monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
-    assert prune(configs, args, HEAD_DIM=d) == kept[:1]
+    for c in configs:
+        acc, need = budget(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], pad, c.num_stages, elem)
+        fits = need <= smem and acc / (32 * c.num_warps) <= flash_triton.ACC_PER_THREAD
+        assert (c in kept) == fits or kept == [c]
+    # a GPU with less shared memory keeps fewer (never none), and no limit keeps every one within registers
+    small = flash_triton.fitting_configs(kernel, configs, d_pad=pad, elem=elem, smem=smem // 4)
+    assert small and len(small) <= len(kept)
+    assert len(flash_triton.fitting_configs(kernel, configs, d_pad=pad, elem=elem, smem=None)) >= len(kept)
+
+
+def test_head_dim_pad_is_the_next_power_of_two():
+    assert [flash_triton.head_dim_pad(d) for d in (16, 24, 40, 64, 80, 96, 112, 128, 136, 192, 256)] == [
+        16, 32, 64, 64, 128, 128, 128, 128, 256, 256, 256]
+    assert flash_triton.HEAD_DIMS == tuple(range(16, 257, 8))
+
+
+def test_shared_memory_comes_from_the_device(monkeypatch):
+    """A GPU whose per-block shared memory is smaller than the smallest fp32 tile at d 128: one-line error."""
+    assert flash_triton.shared_memory("cpu") is None
+    monkeypatch.setattr(flash_triton, "shared_memory", lambda device: 16 * 1024)
+    monkeypatch.setattr(flash_triton, "CONFIGS", flash_triton.GPU_CONFIGS)
+    flash_triton._smallest_tiles.cache_clear()
+    with pytest.raises(LmsysError, match="needs .* bytes of shared memory .* this GPU offers 16384"):
+        flash_triton._check_shared_memory(128, torch.float32, "cpu")
+    flash_triton._check_shared_memory(16, torch.bfloat16, "cpu")  # small tiles fit
+    flash_triton._smallest_tiles.cache_clear()  # computed from the GPU list: not for later tests
 
 
 # ------------------------------------------------------------------------------------------ GPU only
@@ -213,19 +315,18 @@ def test_gpu_long_awkward_shapes(d, dtype, causal, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
-@pytest.mark.parametrize("case", [(64, torch.bfloat16, True), (128, torch.float32, False)])
-def test_gpu_every_config_is_correct(kernel, case, monkeypatch):
-    """Each config the autotuner may pick, alone, on an awkward shape (the others at their defaults)."""
+@pytest.mark.parametrize("case", [(64, torch.bfloat16, True), (128, torch.float32, False), (80, torch.bfloat16, True)])
+def test_gpu_every_config_is_correct(kernel, case):
+    """Each config that fits, picked by a Policy for `kernel` (the others take their first that fits)."""
     d, dtype, causal = case
-    tuner = {"fwd": flash_triton._attn_fwd, "dkdv": flash_triton._attn_bwd_dkdv, "dq": flash_triton._attn_bwd_dq}[kernel]
-    fitting = flash_triton._prune_by_head_dim(kernel)(tuner.configs, {"Q": torch.empty(1, dtype=dtype)}, HEAD_DIM=d)
+    fitting = flash_triton.fitting_configs(kernel, flash_triton.CONFIGS[kernel], d_pad=flash_triton.head_dim_pad(d),
+                                           elem=torch.empty(0, dtype=dtype).element_size(),
+                                           smem=flash_triton.shared_memory("cuda"))
     q, k, v = _inputs((1, 2), 403, 403 if causal else 611, d, dtype, seed=7)
-    monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
     for config in fitting:
-        monkeypatch.setattr(tuner, "configs", [config])
-        monkeypatch.setattr(tuner, "cache", {})
+        configs = {**{name: c[:1] for name, c in flash_triton.CONFIGS.items()}, kernel: [config]}
         try:
-            _run_and_compare(q, k, v, causal, TOL[dtype])
+            _run_and_compare(q, k, v, causal, TOL[dtype], policy=flash_triton.Policy(pick=0, configs=configs))
         except AssertionError as exc:
             raise AssertionError(f"{kernel} {config}: {exc}") from None
 
@@ -264,35 +365,27 @@ def test_gpu_memory_is_linear_in_sequence_length():
     assert 1.8 < peaks[1] / peaks[0] < 2.2, peaks
 
 
-def test_rotate_configs_walks_every_fitting_config_then_restores_autotuning(monkeypatch):
-    from lmsys.kernels import flash_triton as ft
-
-    monkeypatch.delenv("LMSYS_FLASH_AUTOTUNE", raising=False)  # scripts/gpu/attention.sh sets it to 0
-    prune = ft._prune_by_head_dim("dkdv")
-    args = {"HEAD_DIM": 64, "Q": torch.empty(1, dtype=torch.bfloat16)}
-    fitting = prune(ft.GPU_CONFIGS["dkdv"], args)
-    assert len(fitting) > 1
-    picked = []
-    for i in range(2 * len(fitting)):
-        with ft.rotate_configs(i):
-            picked.extend(prune(ft.GPU_CONFIGS["dkdv"], args))
-    assert picked == fitting + fitting
-    assert prune(ft.GPU_CONFIGS["dkdv"], args) == fitting  # autotuning again outside
-
-
-def test_rotated_configs_run_are_reported_and_leave_no_cache_behind(monkeypatch):
-    """Through Triton's autotuner: two candidate configs (the interpreter list has one, and Triton
-    does not prune a single config), so the rotation decides which runs."""
-    from lmsys.kernels import flash_triton as ft
-
-    two = [ft._config(16, 16, 4, 1), ft._config(32, 16, 4, 1)]
-    tuner = ft._tuners()["fwd"]
-    monkeypatch.setattr(tuner, "configs", two)
+def test_policy_pick_walks_every_fitting_config_and_leaves_the_autotuner_alone(monkeypatch):
+    """A pick runs the i-th fitting config (mod their number) without touching the autotuner's cache;
+    policy.ran says which tiles each kernel ran."""
+    two = [flash_triton._config(16, 16, 4, 1), flash_triton._config(32, 16, 4, 1)]
+    tuner = flash_triton._tuners()["fwd"]
+    cached = dict(tuner.cache)
     q, k, v = (torch.randn(1, 2, 37, 16) for _ in range(3))
-    cached = set(tuner.cache)
-    for i, expected in enumerate(["16×16", "32×16"]):
-        with ft.rotate_configs(i):
-            out = FlashAttentionTriton.apply(q, k, v, False)
-        assert ft.tiles_used("fwd") == expected
-        assert set(tuner.cache) == cached  # the forced choice is not kept for these shapes
+    configs = {**flash_triton.CONFIGS, "fwd": two}
+    for i, expected in enumerate(["16×16", "32×16", "16×16"]):
+        policy = flash_triton.Policy(pick=i, configs=configs)
+        out = FlashAttentionTriton.apply(q, k, v, False, None, policy)
+        assert policy.ran == {"fwd": expected}
+        assert tuner.cache == cached
         torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="needs a pick"):
+        flash_forward(q, k, v, policy=flash_triton.Policy(configs=configs))
+
+
+def test_default_policy_reads_the_environment_once_per_call(monkeypatch):
+    monkeypatch.delenv("LMSYS_FLASH_AUTOTUNE", raising=False)
+    assert flash_triton.default_policy().pick is None
+    monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
+    assert flash_triton.default_policy().pick == 0
+    assert flash_triton.default_policy() is not flash_triton.default_policy()  # a fresh `ran` per call

@@ -112,3 +112,42 @@ def test_config_from_yaml(tmp_path):
         p.write_text(f"preset: tiny\n{bad}\n")
         with pytest.raises(LmsysError, match=message):
             config_from_yaml(p)
+
+
+def test_grouped_query_attention_model():
+    """num_kv_heads 2 for 4 query heads: smaller k/v projections, the formula agrees, and every attention
+    path (naive repeats k/v, SDPA enable_gqa, both flash implementations read them in place) gives the
+    same logits as the naive model with the shared heads repeated by hand."""
+    mha = TINY.with_overrides(d_model=64)  # d_head 16: flash-triton's smallest
+    cfg = mha.with_overrides(num_kv_heads=2)
+    assert cfg.kv_heads == 2 and mha.kv_heads == mha.num_heads and PRESETS["small"].num_kv_heads is None
+    assert count_parameters(cfg) == parameter_count_formula(cfg) < parameter_count_formula(mha)
+    torch.manual_seed(4)
+    model = TransformerLM(cfg).double()
+    assert model.layers[0].attn.qkv_proj.weight.shape == ((4 + 2 * 2) * 16, 64)
+    x = torch.randint(0, cfg.vocab_size, (2, 19))
+    ref = model(x)
+    for impl, tol in (("sdpa", 1e-10), ("flash-torch", 1e-5), ("flash-triton", 1e-4)):  # flash: float32 inside
+        for layer in model.layers:
+            layer.attn.attn_impl = impl
+        if impl == "flash-triton":
+            model.float()
+        torch.testing.assert_close(model(x).double(), ref, rtol=tol, atol=tol)
+    # by hand: a multi-head model whose k/v weights repeat the two shared heads
+    full = TransformerLM(mha).double()
+    with torch.no_grad():
+        for a, b in zip(full.parameters(), model.double().parameters()):
+            if a.shape == b.shape:
+                a.copy_(b)
+        for lf, lg in zip(full.layers, model.layers):
+            wq, wk, wv = lg.attn.qkv_proj.weight.split([64, 32, 32])
+            rep = [w.view(2, 16, 64).repeat_interleave(2, dim=0).reshape(64, 64) for w in (wk, wv)]
+            lf.attn.qkv_proj.weight.copy_(torch.cat([wq, *rep]))
+    torch.testing.assert_close(full(x), ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kv,needle", [(3, "does not divide num_heads 4"), (0, "positive integer"),
+                                        ("2", "positive integer")])
+def test_num_kv_heads_validation(kv, needle):
+    with pytest.raises(LmsysError, match=needle):
+        TINY.with_overrides(num_kv_heads=kv)

@@ -54,8 +54,9 @@ def compile_slice(index: int, count: int, shapes, heads: int, causals, dtypes, e
     at a time: the wide list with explore, else the shipped configs the autotuner would try."""
     jobs = []
     for kernel, (seq, d), dtype, causal in itertools.product(WIDE, shapes, dtypes, causals):
-        configs = _configs(kernel) if explore else ft._prune_by_head_dim(kernel)(
-            ft.CONFIGS[kernel], {"Q": torch.empty(1, dtype=DTYPES[dtype])}, HEAD_DIM=d)
+        configs = _configs(kernel) if explore else ft.fitting_configs(
+            kernel, ft.CONFIGS[kernel], d_pad=ft.head_dim_pad(d), elem=DTYPES[dtype].itemsize,
+            smem=ft.shared_memory("cuda"))
         jobs += [(kernel, config, seq, d, dtype, causal) for config in configs]
     os.environ["LMSYS_FLASH_AUTOTUNE"] = "0"  # each job runs its one config
     for kernel, config, seq, d, dtype, causal in jobs[index::count]:

@@ -1,6 +1,7 @@
 """`bench attention`: time attention implementations forward and backward over a sweep of shapes.
 
-For each (impl, batch, heads, d_head, seq) the inputs are random [batch, heads, seq, d_head] tensors; after
+For each (impl, batch, heads, d_head, seq) the inputs are random [batch, heads, seq, d_head] tensors (k and v
+with `kv_heads` heads instead when given: grouped-query attention; FLOPs are the same); after
 `warmup` untimed steps, `steps` steps each time one forward and one backward (torch.autograd.grad of the
 output against a random dO) with the one timer (CUDA events). Memory, from PyTorch's allocator on a GPU:
 the peak during a forward, what is allocated just before the backward (inputs + saved tensors + output),
@@ -33,14 +34,16 @@ class Sweep:
     causal: bool
     warmup: int
     steps: int
+    kv_heads: int | None = None  # key/value heads (grouped-query); None: as many as query heads
 
     @property
     def size(self) -> int:
         return len(self.impls) * len(self.batch) * len(self.heads) * len(self.d_head) * len(self.seq_len)
 
     def describe(self) -> str:
+        kv = f", kv heads {self.kv_heads}" if self.kv_heads else ""
         return (f"{self.dtype}, {'causal' if self.causal else 'not causal'}, batch {_list(self.batch)}, "
-                f"heads {_list(self.heads)}, warmup {self.warmup}, {self.steps} timed forward+backward steps")
+                f"heads {_list(self.heads)}{kv}, warmup {self.warmup}, {self.steps} timed forward+backward steps")
 
 
 def _list(values) -> str:
@@ -64,7 +67,8 @@ PRESETS = {
 def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None = None,
                   batch: list[int] | None = None, heads: list[int] | None = None, d_head: list[int] | None = None,
                   seq_len: list[int] | None = None, dtype: str | None = None, causal: bool | None = None,
-                  warmup: int | None = None, steps: int | None = None) -> tuple[Sweep, list[str]]:
+                  warmup: int | None = None, steps: int | None = None,
+                  kv_heads: int | None = None) -> tuple[Sweep, list[str]]:
     """The sweep to run: the preset (or the seed's, or a small CPU one) with every given option on top.
     Returns it with notes saying what was chosen for the user."""
     from lmsys.core.devices import check_dtype_for_device
@@ -93,6 +97,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         d_head=tuple(d_head or base.d_head), seq_len=tuple(seq_len or base.seq_len),
         dtype=dtype or base.dtype, causal=base.causal if causal is None else causal,
         warmup=base.warmup if warmup is None else warmup, steps=base.steps if steps is None else steps,
+        kv_heads=kv_heads,
     )
     for name in sweep.impls:
         check_impl(name)
@@ -103,7 +108,13 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
                          ("--seq-len", sweep.seq_len)):
         if min(values) < 1:
             raise LmsysError(f"{what}: sizes must be positive, got {_list(values)}")
+    if kv_heads is not None:
+        bad = [h for h in sweep.heads if kv_heads < 1 or h % kv_heads]
+        if bad:
+            raise LmsysError(f"--kv-heads {kv_heads} must divide every --heads value (not {_list(bad)})")
     if "flash-triton" in sweep.impls:
+        for d in sweep.d_head:
+            check_impl("flash-triton", d_head=d)
         from lmsys.kernels.flash_triton import check_device
 
         check_device(device)
@@ -146,7 +157,9 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
 
     dtype = torch_dtype(sweep.dtype)
     shape = (batch, heads, seq, d)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    kv_shape = (batch, sweep.kv_heads or heads, seq, d)
+    q = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(kv_shape, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
     do = torch.randn(shape, device=device, dtype=dtype)
     inputs = (q, k, v)
 

@@ -86,6 +86,7 @@ def attention(
     impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
     batch: Annotated[Optional[str], typer.Option(help="Batch sizes, comma-separated (seed: 8).")] = None,
     heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
     d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128).")] = None,
     seq_len: Annotated[Optional[str], typer.Option(help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (seed: fp32).")] = None,
@@ -112,7 +113,7 @@ def attention(
         batch=parse_int_list(batch, what="--batch") or None, heads=parse_int_list(heads, what="--heads") or None,
         d_head=parse_int_list(d_head, what="--d-head") or None,
         seq_len=parse_int_list(seq_len, what="--seq-len") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps,
+        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads,
     )
     rows = list(track(lib.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
     meta = environment(dev)

@@ -1,6 +1,8 @@
 """One attention function for the whole project, switched by name.
 
-`attention(q, k, v, is_causal, impl)` takes q [..., n_queries, d] and k, v [..., n_keys, d]. Causal means
+`attention(q, k, v, is_causal, impl)` takes q [..., n_queries, d] and k, v [..., n_keys, d]; k and v may
+have fewer heads (dim -3) than q (grouped-query attention): SDPA gets enable_gqa, the flash kernels read
+the shared heads in place, and naive/compiled/annotated repeat them. Causal means
 query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implementations:
 
 - `naive`: softmax(q kᵀ / √d) v, the full score matrix materialised (the assignment's baseline);
@@ -42,8 +44,20 @@ def _compiled(q, k, v, is_causal):
     return _compiled_naive()(q, k, v, is_causal)
 
 
+def _gqa(q, k) -> dict:
+    """SDPA's flag for k, v with fewer heads than q (grouped-query attention), only when they have."""
+    return {"enable_gqa": True} if q.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
+
+
+def repeat_kv(q, k, v):
+    """k, v [..., Hkv, n, d] repeated to q's Hq heads (for the implementations without grouped-query support)."""
+    if q.dim() < 3 or k.shape[-3] == q.shape[-3]:
+        return k, v
+    return (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
+
+
 def _sdpa(q, k, v, is_causal):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **_gqa(q, k))
 
 
 def _sdpa_pinned(backend_name: str) -> Callable:
@@ -53,7 +67,7 @@ def _sdpa_pinned(backend_name: str) -> Callable:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **_gqa(q, k))
 
     return run
 
@@ -103,14 +117,19 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
 
 
 def check_qkv(q, k, v, *, impl: str) -> None:
-    """Shapes every implementation needs: q [..., n_q, d], k and v [..., n_k, d], same leading dims,
-    dtype and device. Raises LmsysError naming `impl` and the shapes."""
+    """Shapes every implementation needs: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d], the same leading
+    dims, Hq a multiple of Hkv (grouped-query attention), one dtype and device. Raises LmsysError naming
+    `impl` and the shapes."""
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise LmsysError(f"{impl}: q, k and v must be [..., n, d] with the same number of dims; got {shapes}")
-    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+    if k.shape != v.shape or q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1] or (
+            q.dim() == 2 and q.shape[:-2] != k.shape[:-2]):
         raise LmsysError(f"{impl}: expected q [..., n_q, d] and k, v [..., n_k, d] with the same leading dims "
                          f"and d; got {shapes}")
+    if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
+        raise LmsysError(f"{impl}: q has {q.shape[-3]} heads (dim -3), k and v {k.shape[-3]}: the query heads must "
+                         f"be a multiple of the key/value heads ({shapes})")
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
         raise LmsysError(f"{impl}: empty sequence or head dim ({shapes})")
     if not (q.dtype == k.dtype == v.dtype):
@@ -119,5 +138,11 @@ def check_qkv(q, k, v, *, impl: str) -> None:
         raise LmsysError(f"{impl}: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
+REPEAT_KV = ("naive", "compiled", "annotated")  # the others take k, v with fewer heads than q as they are
+
+
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):
+    """q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv."""
+    if impl in REPEAT_KV:
+        k, v = repeat_kv(q, k, v)
     return IMPLS[check_impl(impl)](q, k, v, is_causal)

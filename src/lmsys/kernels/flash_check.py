@@ -1,7 +1,8 @@
 """`flash check`: a FlashAttention-2 implementation against a float64 reference on random awkward shapes.
 
-Each case draws leading dims, n_queries, n_keys (mostly odd, often n_q != n_k), a head dim, a dtype and
-causality, runs the implementation forward and backward, and compares O, the saved logsumexp L and the
+Each case draws leading dims, n_queries, n_keys (mostly odd, often n_q != n_k), a head dim (multiples of 8:
+powers of two and the padded ones between), a dtype, causality and, about one case in three, fewer key/value
+heads than query heads (grouped-query or multi-query attention), runs the implementation forward and backward, and compares O, the saved logsumexp L and the
 three gradients with `reference_attention` computed in float64 on the CPU from the same (rounded) inputs.
 Error = max |x - ref| / max(max |ref|, 1) per tensor (NaN counts as infinite).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -22,8 +22,11 @@ from lmsys.kernels import triton_interpreted
 FLASH_IMPLS = ("flash-torch", "flash-triton")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
-HEAD_DIMS = (16, 32, 64, 128, 256)
+# The kernels take every multiple of 8 from 16 to 256 (flash_triton.HEAD_DIMS); the check cycles through the
+# powers of two and the padded dims models use, in an order that mixes both from the first cases on.
+HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
+GQA_HEADS = ((4, 1), (4, 2), (6, 3), (8, 2))  # (query heads, key/value heads)
 
 
 @dataclass(frozen=True)
@@ -34,15 +37,26 @@ class Case:
     d: int
     causal: bool
     dtype: str
+    kv_heads: int | None = None  # fewer key/value heads than lead[-1] query heads; None: as many
 
     @property
     def leading(self) -> str:
         return "×".join(map(str, self.lead)) or "—"
 
+    @property
+    def heads(self) -> str:
+        """query/key-value heads, e.g. "4/1" (— without a heads dim)."""
+        if not self.lead:
+            return "—"
+        return f"{self.lead[-1]}/{self.kv_heads or self.lead[-1]}"
+
 
 def reference_attention(q, k, v, is_causal: bool):
-    """(o, L) in float64 on the CPU with the whole score matrix: softmax(q kᵀ/√d) v, top-left causal."""
+    """(o, L) in float64 on the CPU with the whole score matrix: softmax(q kᵀ/√d) v, top-left causal.
+    k and v with fewer heads than q (dim -3, grouped-query) are repeated to q's heads."""
     q, k, v = (x.to("cpu", torch.float64) for x in (q, k, v))
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if is_causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
@@ -82,8 +96,10 @@ def check_impl(impl: str) -> str:
 
 
 def supported(impl: str, d: int, dtype: str) -> bool:
-    """flash-triton takes head dim 256 in fp16/bf16 only; flash-torch takes everything."""
-    return not (impl == "flash-triton" and dtype == "fp32" and d > 128)
+    """flash-triton takes head dims past FP32_MAX_HEAD_DIM in fp16/bf16 only; flash-torch takes everything."""
+    from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM
+
+    return not (impl == "flash-triton" and dtype == "fp32" and d > FP32_MAX_HEAD_DIM)
 
 
 def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
@@ -109,7 +125,11 @@ def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
         d, dtype = next((head_dims[(i + a) % len(head_dims)], dtypes[(turn + b) % len(dtypes)])
                         for a in range(len(head_dims)) for b in range(len(dtypes))
                         if supported(impl, head_dims[(i + a) % len(head_dims)], dtypes[(turn + b) % len(dtypes)]))
-        cases.append(Case(lead=rng.choice(LEADING_DIMS), n_q=n_q, n_k=n_k, d=d, dtype=dtype, causal=causal))
+        lead, kv_heads = rng.choice(LEADING_DIMS), None
+        if i % 3 == 2:  # grouped-query: [batch, Hq] leading dims, k and v with Hkv heads
+            hq, kv_heads = rng.choice(GQA_HEADS)
+            lead = (rng.randint(1, 2), hq)
+        cases.append(Case(lead=lead, n_q=n_q, n_k=n_k, d=d, dtype=dtype, causal=causal, kv_heads=kv_heads))
     return cases
 
 
@@ -129,7 +149,9 @@ def _saved_lse(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[dict]:
-    """Yield one row per case: errors of O, L, dQ, dK, dV, the tolerance, and pass/FAIL."""
+    """Yield one row per case: errors of O, L, dQ, dK, dV, the tolerance, and pass/FAIL. On a GPU,
+    flash-triton runs case i with the i-th tile config that fits (untimed: a Policy pick), so a dozen cases
+    exercise every config with one compile each instead of autotuning every new shape."""
     from lmsys.kernels.attention import attention
 
     tiles = impl == "flash-triton"
@@ -139,15 +161,19 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
         dtype = DTYPES[case.dtype]
 
-        def draw(n: int) -> torch.Tensor:
-            return torch.randn(*case.lead, n, case.d, generator=gen).to(dtype)
+        def draw(n: int, kv: bool = False) -> torch.Tensor:
+            lead = case.lead[:-1] + (case.kv_heads,) if kv and case.kv_heads else case.lead
+            return torch.randn(*lead, n, case.d, generator=gen).to(dtype)
 
-        q, k, v, do = draw(case.n_q), draw(case.n_k), draw(case.n_k), draw(case.n_q)
+        q, k, v, do = draw(case.n_q), draw(case.n_k, kv=True), draw(case.n_k, kv=True), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
-        with flash_triton.rotate_configs(i) if tiles else nullcontext():
+        if tiles:
+            policy = flash_triton.Policy(pick=i)
+            out = flash_triton.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
+        else:
             out = attention(q_, k_, v_, case.causal, impl)
-            lse = _saved_lse(out, q_)
-            dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
+        lse = _saved_lse(out, q_)
+        dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
 
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
@@ -157,8 +183,8 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
                   (("O", out, o_ref), ("L", lse, lse_ref), ("dQ", dq, dq_ref), ("dK", dk, dk_ref), ("dV", dv, dv_ref))}
         tol = TOLERANCE[case.dtype]
         ok = out.dtype == dtype and dq.dtype == dtype and all(e <= tol for e in errors.values())
-        yield {"case": i + 1, "leading dims": case.leading, "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
+        yield {"case": i + 1, "leading dims": case.leading, "heads q/kv": case.heads, "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
                "dtype": case.dtype, "causal": case.causal, **errors,
-               **({"tiles fwd/dkdv/dq": " / ".join(flash_triton.tiles_used(kernel)
+               **({"tiles fwd/dkdv/dq": " / ".join(policy.ran.get(kernel, "—")
                                                     for kernel in ("fwd", "dkdv", "dq"))} if tiles else {}),
                "tol": tol, "result": "pass" if ok else "FAIL"}

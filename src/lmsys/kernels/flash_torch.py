@@ -9,6 +9,10 @@ Algorithm (Dao, "FlashAttention-2", 2023, Algorithms 1 and 2):
 - Causal (top-left aligned, as SDPA's `is_causal`): query i attends keys j <= i. Key tiles entirely above
   the diagonal are skipped; only tiles that straddle it build a mask.
 
+Grouped-query / multi-query attention: k and v may have fewer heads (dim -3) than q, Hq a multiple of Hkv;
+q is viewed as [..., Hkv, Hq/Hkv, n, d] and k, v as [..., Hkv, 1, n, d], so the products broadcast over
+the group (k and v are not repeated), and dK, dV sum over it.
+
 Limits today: arithmetic in float32 whatever the input dtype (outputs are cast back), any head dim, any
 n_queries and n_keys, any leading dims. The Python tile loops make it slow on big inputs: it is for
 reading, testing and small runs; `lmsys.kernels.flash_triton` is the fast one.
@@ -37,10 +41,28 @@ def _causal_mask(q_start: int, q_end: int, k_start: int, k_end: int, device) -> 
     return rows >= cols  # [q_tile, k_tile], True where the key is visible
 
 
+def _group(q, k) -> int:
+    """Query heads per key/value head (1 without grouped-query attention)."""
+    return q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
+
+
+def _grouped(q, k, v, group: int):
+    """q [..., Hq, n, d] -> [..., Hkv, G, n, d]; k, v [..., Hkv, n, d] -> [..., Hkv, 1, n, d] (views)."""
+    return q.unflatten(-3, (k.shape[-3], group)), k.unsqueeze(-3), v.unsqueeze(-3)
+
+
 def flash_forward(q, k, v, is_causal: bool = False, *, q_tile: int = DEFAULT_Q_TILE,
                   k_tile: int = DEFAULT_K_TILE) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [..., n_q, d] in q's dtype, L [..., n_q] float32) by the tiled online softmax."""
     check_qkv(q, k, v, impl="flash-torch")
+    group = _group(q, k)
+    if group == 1:
+        return _forward_tiles(q, k, v, is_causal, q_tile, k_tile)
+    o, lse = _forward_tiles(*_grouped(q, k, v, group), is_causal, q_tile, k_tile)
+    return o.flatten(-4, -3), lse.flatten(-3, -2)
+
+
+def _forward_tiles(q, k, v, is_causal: bool, q_tile: int, k_tile: int):
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -72,6 +94,17 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, q_tile: int 
                    k_tile: int = DEFAULT_K_TILE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) from P recomputed tile by tile out of L; D = rowsum(dO ∘ O). Pure tensor code, so it
     can run under torch.compile."""
+    group = _group(q, k)
+    if group == 1:
+        return _backward_tiles(q, k, v, o, lse, do, is_causal, q_tile, k_tile)
+    qg, kg, vg = _grouped(q, k, v, group)
+    heads = qg.shape[-4:-2]  # (Hkv, G)
+    dq, dk, dv = _backward_tiles(qg, kg, vg, o.unflatten(-3, heads), lse.unflatten(-2, heads), do.unflatten(-3, heads),
+                                 is_causal, q_tile, k_tile)
+    return dq.flatten(-4, -3), dk.squeeze(-3), dv.squeeze(-3)
+
+
+def _backward_tiles(q, k, v, o, lse, do, is_causal: bool, q_tile: int, k_tile: int):
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     delta = (do.float() * o.float()).sum(dim=-1)  # D: [..., n_q]
@@ -91,12 +124,18 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, q_tile: int 
             if is_causal and _needs_mask(q_start, k_end):
                 s = s.masked_fill(~_causal_mask(q_start, q_end, k_start, k_end, q.device), float("-inf"))
             p = torch.exp(s - lse[..., q_start:q_end, None])
-            dv[..., k_start:k_end, :] += p.transpose(-1, -2) @ do_i
+            dv[..., k_start:k_end, :] += _sum_to(p.transpose(-1, -2) @ do_i, dv)
             dp = do_i @ v_j.transpose(-1, -2)
             ds = p * (dp - delta[..., q_start:q_end, None])
             dq[..., q_start:q_end, :] += (ds @ k_j) * scale
-            dk[..., k_start:k_end, :] += (ds.transpose(-1, -2) @ q_i) * scale
+            dk[..., k_start:k_end, :] += _sum_to(ds.transpose(-1, -2) @ q_i, dk) * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _sum_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """x summed over the dims where `like` has size 1 and x does not (the query heads of a group)."""
+    dims = [i for i, (a, b) in enumerate(zip(x.shape, like.shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
 
 
 class FlashAttentionTorch(torch.autograd.Function):

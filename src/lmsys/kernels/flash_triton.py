@@ -1,34 +1,47 @@
 """FlashAttention-2 forward and backward as Triton kernels.
 
 Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attention tutorial):
-- Forward, one program per (query tile, head): walk the key/value tiles with the online softmax in base 2
-  (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32, write
-  O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
-- Backward, three launches and no atomics: D = rowsum(dO ∘ O); a dK/dV kernel, one program per key tile,
-  that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q); a dQ kernel, one program per query tile, that
-  walks the key tiles (dQ += dS K). Both recompute P = exp(S - L) from L; dS = P ∘ (dP - D).
+- Forward, one program per (query tile, query head): walk the key/value tiles with the online softmax in
+  base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
+  write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
+- Backward, deterministic (the default): D = rowsum(dO ∘ O); a dK/dV kernel, one program per (key tile,
+  key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q); a dQ kernel, one program per
+  query tile, that walks the key tiles (dQ += dS K). No atomics. With `deterministic=False` one launch
+  does both: the dK/dV programs also add dS K into a float32 dQ with atomics (the order of the additions,
+  hence the last bits, varies from run to run). Both recompute P = exp(S - L); dS = P ∘ (dP - D).
 - Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
   visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
-  are wholly visible (no index arithmetic beyond the pointer step), STAGE 2 the tiles that straddle the
-  diagonal or hang past the last query/key, which build a mask. Causal programs run heaviest-first.
+  are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
+  build a mask. Causal programs run heaviest-first.
+- Any head dim d that is a multiple of 8 from 16 to 256: tiles are HEAD_DIM_PAD = next power of two >= d
+  wide (tl.arange needs a power of two); loads are masked on d < HEAD_DIM (zeros beyond, which add nothing
+  to any product) and stores are masked, so q, k, v are never copied into padded buffers.
+- Grouped-query / multi-query attention: k and v may have Hkv heads for q's Hq (Hq % Hkv == 0); query
+  head h reads key/value head h // (Hq / Hkv) through the pointer offsets (k, v are never repeated), and
+  each dK/dV program loops over its group's query heads, so dK, dV are summed over the group without
+  atomics.
 - Inputs [..., n, d] are viewed as [Z, H, n, d] and the kernels take strides, so transposed views
   ([B, S, H, d].transpose(1, 2)) run without a copy; a copy happens only when the leading dims cannot be
   merged or d is not the unit-stride dim.
 
-Limits that hold today: head dim 16, 32, 64, 128, or 256 in fp16/bf16 (fp32 tiles of 256 overflow Hopper's
-shared memory); fp32, fp16 and bf16 inputs (fp32 dots run as tf32x3, three TF32 tensor-core products,
-near-fp32 accuracy); any n_queries and n_keys >= 1; CUDA tensors,
-or CPU tensors under TRITON_INTERPRET=1 (set before this module is imported). Plain pointer loads with
-masks (no block pointers, which newer Triton removed), so one source runs on triton 3.6 and the newest.
-Tile sizes, warps and stages come from triton.autotune, keyed on the lengths, head dim, causality and
-(implicitly) dtype; set LMSYS_FLASH_AUTOTUNE=0 to take the first config that fits instead of timing them.
+Limits that hold today: fp16 and bf16 at every such head dim; fp32 (dots as tf32x3, three TF32
+tensor-core products, near-fp32 accuracy) up to d 128, and only where the smallest tile fits in the GPU's
+shared memory (read from the device). Any n_queries and n_keys >= 1; CUDA tensors, or CPU tensors under
+TRITON_INTERPRET=1 (set before this module is imported). Plain pointer loads with masks (no block
+pointers, which newer Triton removed), so one source runs on triton 3.6 and the newest; tensor
+descriptors (TMA) for the forward's loads are an opt-in `Policy(tma=True)`.
+How tiles are chosen is a `Policy` passed to the launchers: Triton's autotuner (timed once per shape and
+dtype) by default, or a fixed pick among the configs that fit (`flash check` rotates through them).
+LMSYS_FLASH_AUTOTUNE=0 makes the default policy take the first config that fits.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -38,8 +51,9 @@ from lmsys.core.errors import LmsysError
 from lmsys.kernels import triton_interpreted
 from lmsys.kernels.attention import check_qkv
 
-HEAD_DIMS = (16, 32, 64, 128, 256)
-FP32_HEAD_DIMS = (16, 32, 64, 128)  # d 256 in fp32: no tile fits in shared memory (seen on an H200)
+MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 256, 8
+HEAD_DIMS = tuple(range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1, HEAD_DIM_STEP))
+FP32_MAX_HEAD_DIM = 128  # fp32 tiles 256 wide overflowed an H200's shared memory whatever the config
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRET = triton_interpreted()  # read by Triton when the kernels are decorated
 
@@ -48,6 +62,12 @@ _LN2 = tl.constexpr(0.6931471805599453)
 # Triton's interpreter multiplies bfloat16 tiles as their raw 16-bit integers (seen with triton 3.9.0):
 # under it, bf16 dot operands are widened to fp32 first. Compiled kernels never take that branch.
 _WIDEN_BF16_DOTS = tl.constexpr(INTERPRET)
+
+
+def head_dim_pad(d: int) -> int:
+    """The tile width for head dim d: the next power of two (tl.arange's extents must be powers of two)."""
+    return triton.next_power_of_2(d)
+
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -63,88 +83,127 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n, lo, hi, N_K, qk_scale,
-               STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
-    """Online softmax over the key tiles [lo, hi) for one query tile. K_ptrs: [HEAD_DIM, BLOCK_N] (Kᵀ)."""
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        if STAGE == 1:
-            kT = tl.load(K_ptrs + start_n * stride_kn)
+def _load(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """A 2-D tile [R, C], masked (zeros) only along the dims that need it: rows_ok [R], cols_ok [C]."""
+    if MASK_ROWS:
+        if MASK_COLS:
+            x = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
         else:
-            key_ok = (start_n + offs_n) < N_K
-            kT = tl.load(K_ptrs + start_n * stride_kn, mask=key_ok[None, :], other=0.0)
-        qk = _dot(q, kT, None, DOT_PRECISION)  # [BLOCK_M, BLOCK_N], unscaled
-        if STAGE == 1:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
+            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        if MASK_COLS:
+            x = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
         else:
-            visible = key_ok[None, :]
-            if IS_CAUSAL:
-                visible = visible & (offs_m[:, None] >= (start_n + offs_n)[None, :])
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))  # finite: every row saw key 0 in the first tile
-            qk = qk - m_ij[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was accumulated under the old maximum
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if STAGE == 1:
-            v = tl.load(V_ptrs + start_n * stride_vn)
-        else:
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None]
-        acc = _dot(p.to(v.dtype), v, acc, DOT_PRECISION)
-        m_i = m_ij
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _store(ptrs, x, rows_ok, cols_ok, MASK_COLS: tl.constexpr):
+    """Store a 2-D tile, rows masked; columns too when the head dim is padded."""
+    if MASK_COLS:
+        tl.store(ptrs, x, mask=rows_ok[:, None] & cols_ok[None, :])
+    else:
+        tl.store(ptrs, x, mask=rows_ok[:, None])
+
+
+@triton.jit
+def _fwd_step(acc, l_i, m_i, q, K_src, V_src, start_n, stride_kn, stride_vn, offs_m, offs_n, d_ok, N_K, qk_scale,
+              STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, USE_TMA: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax. K_src/V_src: tensor descriptors (USE_TMA) or pointer tiles,
+    Kᵀ [HEAD_DIM_PAD, BLOCK_N] and V [BLOCK_N, HEAD_DIM_PAD] at key 0."""
+    key_ok = (start_n + offs_n) < N_K
+    if USE_TMA:  # rows past N_K and columns past HEAD_DIM come back as zeros
+        kT = tl.trans(K_src.load([start_n, 0]))
+    else:
+        kT = _load(K_src + start_n * stride_kn, d_ok, key_ok, PAD_D, STAGE == 2)
+    qk = _dot(q, kT, None, DOT_PRECISION)  # [BLOCK_M, BLOCK_N], unscaled
+    if STAGE == 1:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_ij[:, None]
+    else:
+        visible = key_ok[None, :]
+        if IS_CAUSAL:
+            visible = visible & (offs_m[:, None] >= (start_n + offs_n)[None, :])
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))  # finite: every row saw key 0 in the first tile
+        qk = qk - m_ij[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_ij)  # rescales what was accumulated under the old maximum
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if USE_TMA:
+        v = V_src.load([start_n, 0])
+    else:
+        v = _load(V_src + start_n * stride_vn, key_ok, d_ok, STAGE == 2, PAD_D)
+    acc = acc * alpha[:, None]
+    acc = _dot(p.to(v.dtype), v, acc, DOT_PRECISION)
+    return acc, l_i, m_ij
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n, d_ok, lo, hi, N_K, qk_scale,
+               STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+               USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax over the key tiles [lo, hi) for one query tile."""
+    if WARP_SPEC:
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_src, V_src, start_n, stride_kn, stride_vn, offs_m, offs_n,
+                                      d_ok, N_K, qk_scale, STAGE, IS_CAUSAL, PAD_D, USE_TMA, DOT_PRECISION)
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_src, V_src, start_n, stride_kn, stride_vn, offs_m, offs_n,
+                                      d_ok, N_K, qk_scale, STAGE, IS_CAUSAL, PAD_D, USE_TMA, DOT_PRECISION)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, stride_qm, stride_dom, offs_n, offs_m, lo, hi,
-                N_Q, qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """dK, dV of one key tile from the query tiles [lo, hi). Q_ptrs: [HEAD_DIM, BLOCK_M] (Qᵀ)."""
+def _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom, stride_dqm, offs_n,
+                offs_m, d_ok, lo, hi, N_Q, sm_scale, qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile from the query tiles [lo, hi). Q_ptrs: [HEAD_DIM_PAD, BLOCK_M] (Qᵀ). With
+    ATOMIC_DQ, also adds this key tile's share of dQ (dS K · scale, float32) into DQ with atomics."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
+        row_ok = (start_m + offs_m) < N_Q
+        qT = _load(Q_ptrs + start_m * stride_qm, d_ok, row_ok, PAD_D, STAGE == 2)
         if STAGE == 1:
-            qT = tl.load(Q_ptrs + start_m * stride_qm)
             lse = tl.load(L_ptrs + start_m)
         else:
-            row_ok = (start_m + offs_m) < N_Q
-            qT = tl.load(Q_ptrs + start_m * stride_qm, mask=row_ok[None, :], other=0.0)
             lse = tl.load(L_ptrs + start_m, mask=row_ok, other=0.0)
         sT = _dot(k, qT, None, DOT_PRECISION) * qk_scale - lse[None, :] * _LOG2E  # [BLOCK_N, BLOCK_M], log2 P
+        do = _load(DO_ptrs + start_m * stride_dom, row_ok, d_ok, STAGE == 2, PAD_D)
         if STAGE == 1:
-            do = tl.load(DO_ptrs + start_m * stride_dom)
             delta = tl.load(D_ptrs + start_m)
         else:
             visible = row_ok[None, :]
             if IS_CAUSAL:
                 visible = visible & ((start_m + offs_m)[None, :] >= offs_n[:, None])
             sT = tl.where(visible, sT, float("-inf"))
-            do = tl.load(DO_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)
             delta = tl.load(D_ptrs + start_m, mask=row_ok, other=0.0)
         pT = tl.math.exp2(sT)
         dv = _dot(pT.to(do.dtype), do, dv, DOT_PRECISION)
         dpT = _dot(v, tl.trans(do), None, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         dsT = pT * (dpT - delta[None, :])
         dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PRECISION)
+        if ATOMIC_DQ:
+            dq = _dot(tl.trans(dsT.to(k.dtype)), k, None, DOT_PRECISION) * sm_scale  # [BLOCK_M, HEAD_DIM_PAD]
+            tl.atomic_add(DQ_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n, lo, hi, N_K,
-              qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_ok, lo, hi, N_K,
+              qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
-    """dQ of one query tile from the key tiles [lo, hi). K_ptrs, V_ptrs: [HEAD_DIM, BLOCK_N] (Kᵀ, Vᵀ)."""
+    """dQ of one query tile from the key tiles [lo, hi). K_ptrs, V_ptrs: [HEAD_DIM_PAD, BLOCK_N] (Kᵀ, Vᵀ)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        if STAGE == 1:
-            kT = tl.load(K_ptrs + start_n * stride_kn)
-            vT = tl.load(V_ptrs + start_n * stride_vn)
-        else:
-            key_ok = (start_n + offs_n) < N_K
-            kT = tl.load(K_ptrs + start_n * stride_kn, mask=key_ok[None, :], other=0.0)
-            vT = tl.load(V_ptrs + start_n * stride_vn, mask=key_ok[None, :], other=0.0)
+        key_ok = (start_n + offs_n) < N_K
+        kT = _load(K_ptrs + start_n * stride_kn, d_ok, key_ok, PAD_D, STAGE == 2)
+        vT = _load(V_ptrs + start_n * stride_vn, d_ok, key_ok, PAD_D, STAGE == 2)
         s = _dot(q, kT, None, DOT_PRECISION) * qk_scale - lse2[:, None]  # [BLOCK_M, BLOCK_N], log2 P
         if STAGE == 2:
             visible = key_ok[None, :]
@@ -167,7 +226,8 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
 
 # (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken. Chosen from
 # a wider sweep on an H200 (docs/benchmarks/attention.md): the best of each kernel at d 64 and d 128, bf16,
-# causal, seq 16384, then smaller tiles for fp32 and d 256.
+# causal, seq 16384, then smaller tiles for fp32 and d 256. The "bwd" kernel is the dK/dV kernel that also
+# accumulates dQ with atomics (deterministic=False).
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
             _config(64, 32, 4, 2)],
@@ -176,20 +236,44 @@ GPU_CONFIGS = {
     "dq": [_config(64, 128, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 3), _config(64, 32, 4, 3),
            _config(32, 32, 4, 2)],
 }
+# Larger tiles and deeper pipelines for d 64 (lever "wide tiles": scripts/gpu/flash_levers.py measures them
+# against GPU_CONFIGS before any of them joins the autotuned list).
+WIDE_CONFIGS = {
+    "fwd": [_config(128, 128, 8, 3), _config(128, 128, 8, 4), _config(256, 64, 8, 3), _config(128, 64, 4, 4)],
+    "dkdv": [_config(128, 128, 8, 3), _config(64, 128, 8, 4), _config(128, 64, 8, 3), _config(64, 64, 4, 4)],
+    "dq": [_config(128, 128, 8, 3), _config(128, 64, 8, 4), _config(64, 128, 4, 4), _config(128, 64, 4, 3)],
+}
 # In the interpreter: one small config per kernel (nothing to time), so small test inputs span several
 # tiles, with BLOCK_M != BLOCK_N both ways round.
 INTERPRETER_CONFIGS = {"fwd": [_config(32, 16, 4, 1)], "dkdv": [_config(16, 32, 4, 1)], "dq": [_config(32, 16, 4, 1)]}
 CONFIGS = INTERPRETER_CONFIGS if INTERPRET else GPU_CONFIGS
 
-SMEM_BYTES = 232448  # shared memory one block may use on Hopper (H100, H200): 227 KiB
 ACC_PER_THREAD = 128  # float32 accumulator registers per thread above which the kernel spills
 
 
+@functools.lru_cache(maxsize=None)
+def _device_shared_memory(index: int) -> int:
+    try:
+        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except (AttributeError, KeyError, RuntimeError):
+        return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
+
+
+def shared_memory(device) -> int | None:
+    """Bytes of shared memory one block may use on this GPU (from the device); None off a GPU (the
+    interpreter has no such limit)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return _device_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _tile_budget(kernel: str):
-    """(accumulator floats, shared-memory bytes) of a config for one kernel, as a function of the tiles.
-    The probability tile that feeds the second product is staged too, twice for fp32 (tf32x3 splits it
-    into high and low parts): so counted, the estimate matched what triton 3.6 asked for at d 128 in fp32
-    on an H200. At d 256 in fp32 it asked for more than any config's estimate: hence FP32_HEAD_DIMS."""
+    """(accumulator floats, shared-memory bytes) of a config for one kernel, as a function of the tiles
+    (d: the padded head dim). The probability tile that feeds the second product is staged too, twice for
+    fp32 (tf32x3 splits it into high and low parts): so counted, the estimate matched what triton 3.6
+    asked for at d 128 in fp32 on an H200. At d 256 in fp32 it asked for more than any config's estimate:
+    hence FP32_MAX_HEAD_DIM."""
 
     def staged_p(bm, bn, elem):
         return bm * bn * (2 if elem == 4 else 1)
@@ -206,100 +290,141 @@ def _tile_budget(kernel: str):
     return {"fwd": fwd, "dkdv": dkdv, "dq": dq}[kernel]
 
 
+def _cost(kernel: str, config: triton.Config, d_pad: int, elem: int) -> tuple[float, int]:
+    """(accumulator floats per thread, shared-memory bytes) of `config` for `kernel`."""
+    acc, smem = _tile_budget(kernel)(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], d_pad, config.num_stages,
+                                     elem)
+    return acc / (32 * config.num_warps), smem
+
+
+def fitting_configs(kernel: str, configs: list, *, d_pad: int, elem: int, smem: int | None) -> list:
+    """The configs whose accumulators would not spill and whose tiles fit in `smem` bytes of shared memory
+    (no limit when None), in their order; at least one: the cheapest, when none fits."""
+    cost = {c: _cost(kernel, c, d_pad, elem) for c in configs}
+    kept = [c for c in configs if cost[c][0] <= ACC_PER_THREAD and (smem is None or cost[c][1] <= smem)]
+    return kept or [min(configs, key=lambda c: (cost[c][1], cost[c][0]))]
+
+
 def _prune_by_head_dim(kernel: str):
-    """The named filter for triton.autotune: drop configs whose accumulators would spill or whose tiles
-    overflow shared memory at this head dim and element size (always keeps at least one)."""
-    budget = _tile_budget(kernel)
+    """The named filter for triton.autotune: fitting_configs at this padded head dim, element size and
+    the shared memory of the inputs' GPU."""
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        d, elem = args["HEAD_DIM"], args["Q"].element_size()
-        cost = {}
-        for c in configs:
-            acc, smem = budget(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, c.num_stages, elem)
-            cost[c] = (acc / (32 * c.num_warps), smem)
-        kept = [c for c in configs if cost[c][0] <= ACC_PER_THREAD and cost[c][1] <= SMEM_BYTES]
-        kept = kept or [min(configs, key=lambda c: (cost[c][1], cost[c][0]))]
-        if _rotation is not None:
-            kept = [kept[_rotation % len(kept)]]
-        elif os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0":
-            kept = kept[:1]
-        return kept
+        q = args["Q"]
+        return fitting_configs(kernel, configs, d_pad=args["HEAD_DIM_PAD"], elem=q.element_size(),
+                               smem=shared_memory(q.device))
 
     return prune
 
 
-_rotation: int | None = None
+@dataclass
+class Policy:
+    """How the launchers run the kernels. The autograd function takes one; `flash check` and
+    scripts/gpu/flash_levers.py pass their own, everything else gets `default_policy()`.
+
+    pick: None = Triton's autotuner over CONFIGS (each fitting config timed once per shape, cached); an
+      int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
+    configs: per-kernel lists that `pick` chooses from instead of CONFIGS (needs a pick).
+    deterministic: True = dK/dV and dQ in two atomics-free kernels (bitwise reproducible); False = one
+      launch that also accumulates dQ in float32 with atomics.
+    tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
+      tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
+      the pointer path otherwise.
+    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True).
+    ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
+    """
+
+    pick: int | None = None
+    configs: dict | None = None
+    deterministic: bool = True
+    tma: bool = False
+    warp_specialize: bool = False
+    ran: dict = field(default_factory=dict)
+
+
+DEFAULT_POLICY = Policy()  # what the levers default to; the lead flips them from measurements
+
+
+def default_policy() -> Policy:
+    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0."""
+    pick = 0 if os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0" else DEFAULT_POLICY.pick
+    return replace(DEFAULT_POLICY, pick=pick, ran={})
 
 
 def _tuners() -> dict:
-    """The three autotuned kernels by name (defined below)."""
+    """The autotuned kernels by name (defined below)."""
     return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
-@contextmanager
-def rotate_configs(index: int):
-    """Inside: each kernel runs, untimed, its `index`-th config that fits (modulo how many fit), for keys
-    it has not cached yet. `flash check` passes the case number, so N cases exercise every tile shape
-    with one compile per kernel each, instead of compiling and timing them all for every new shape.
-    Keys cached inside are dropped on the way out: later calls with those shapes autotune as usual."""
-    global _rotation
-    tuners = list(_tuners().values())
-    before = [set(t.cache) for t in tuners]
-    _rotation, previous = index, _rotation
-    try:
-        yield
-    finally:
-        _rotation = previous
-        for tuner, keys in zip(tuners, before):
-            for key in set(tuner.cache) - keys:
-                del tuner.cache[key]
+def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor) -> None:
+    """Run `kernel` as `policy` says, and record the tiles it ran in policy.ran."""
+    tuner = _tuners()[kernel]
+    if policy.pick is None:
+        if policy.configs is not None:
+            raise ValueError("Policy.configs needs a pick (the autotuner times CONFIGS only)")
+        tuner[grid](*args, **consts)
+        config = tuner.best_config
+    else:
+        configs = (policy.configs or CONFIGS)[kernel]
+        fitting = fitting_configs(kernel, configs, d_pad=consts["HEAD_DIM_PAD"], elem=q.element_size(),
+                                  smem=shared_memory(q.device))
+        config = fitting[policy.pick % len(fitting)]
+        tuner.fn[grid](*args, **consts, **config.all_kwargs())
+    policy.ran[kernel] = f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
-def tiles_used(kernel: str) -> str:
-    """BLOCK_M×BLOCK_N of the config `kernel` ("fwd", "dkdv", "dq") last ran with."""
-    config = getattr(_tuners()[kernel], "best_config", None)
-    return "—" if config is None else f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
-
-
-_AUTOTUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]  # the dtype of the tensors is keyed by Triton itself
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "GROUP"]  # the dtype of the tensors is keyed by Triton itself
 
 # --------------------------------------------------------------------------------------- forward
 
 
-@triton.autotune(configs=CONFIGS["fwd"], key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_by_head_dim("fwd")})
+@triton.autotune(configs=CONFIGS["fwd"], key=_KEY + ["USE_TMA", "WARP_SPEC"],
+                 prune_configs_by={"early_config_prune": _prune_by_head_dim("fwd")})
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_fwd(Q, K, V, O, L, sm_scale,
               stride_qz, stride_qh, stride_qm,
               stride_kz, stride_kh, stride_kn,
               stride_vz, stride_vh, stride_vn,
               stride_oz, stride_oh, stride_om,
-              H, N_Q, N_K,
-              HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              H, GROUP, N_Q, N_K,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     pid_m = tl.program_id(0)
     if IS_CAUSAL:  # the last query tiles see the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
-    off_zh = (off_z * H + off_h).to(tl.int64)
-    q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    o_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    z64, h64 = off_z.to(tl.int64), off_h.to(tl.int64)
+    hk64 = (off_h // GROUP).to(tl.int64)  # the key/value head this query head reads
+    q_base = Q + z64 * stride_qz + h64 * stride_qh
+    k_base = K + z64 * stride_kz + hk64 * stride_kh
+    v_base = V + z64 * stride_vz + hk64 * stride_vh
+    o_base = O + z64 * stride_oz + h64 * stride_oh
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
     row_ok = offs_m < N_Q
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    K_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-    V_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+    if USE_TMA:
+        q = tl.make_tensor_descriptor(q_base, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                      block_shape=[BLOCK_M, HEAD_DIM_PAD]).load([start_m, 0])
+        K_src = tl.make_tensor_descriptor(k_base, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+        V_src = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+    else:
+        q = _load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], row_ok, d_ok, True, PAD_D)
+        K_src = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+        V_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     qk_scale = sm_scale * _LOG2E
 
     n_k_full = (N_K // BLOCK_N) * BLOCK_N  # key tiles wholly inside the sequence
@@ -309,16 +434,17 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
     else:
         full_end = n_k_full
         masked_end = N_K
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                               0, full_end, N_K, qk_scale, 1, IS_CAUSAL, BLOCK_N, DOT_PRECISION)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                               full_end, masked_end, N_K, qk_scale, 2, IS_CAUSAL, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+                               0, full_end, N_K, qk_scale, 1, IS_CAUSAL, BLOCK_N, PAD_D, USE_TMA, WARP_SPEC,
+                               DOT_PRECISION)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+                               full_end, masked_end, N_K, qk_scale, 2, IS_CAUSAL, BLOCK_N, PAD_D, USE_TMA, WARP_SPEC,
+                               DOT_PRECISION)
 
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural-log logsumexp of the scaled scores
-    tl.store(L + off_zh * N_Q + offs_m, lse, mask=row_ok)
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(L + (z64 * H + h64) * N_Q + offs_m, lse, mask=row_ok)
+    _store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
 
 
 # -------------------------------------------------------------------------------------- backward
@@ -328,82 +454,94 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
 def _attn_bwd_preprocess(O, DO, Delta,
                          stride_oz, stride_oh, stride_om,
                          stride_doz, stride_doh, stride_dom,
-                         H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                         H, N_Q, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
     """D = rowsum(dO ∘ O), float32 [Z, H, N_Q]."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
     row_ok = offs_m < N_Q
-    o = tl.load(O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
-                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    o = _load(O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :], row_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PAD)
+    do = _load(DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+               + offs_m[:, None] * stride_dom + offs_d[None, :], row_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PAD)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + (off_z * H + off_h).to(tl.int64) * N_Q + offs_m, delta, mask=row_ok)
 
 
-@triton.autotune(configs=CONFIGS["dkdv"], key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")})
+@triton.autotune(configs=CONFIGS["dkdv"], key=_KEY + ["ATOMIC_DQ"],
+                 prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")})
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
-def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, sm_scale,
+def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                    stride_qz, stride_qh, stride_qm,
                    stride_kz, stride_kh, stride_kn,
                    stride_vz, stride_vh, stride_vn,
                    stride_doz, stride_doh, stride_dom,
                    stride_dkz, stride_dkh, stride_dkn,
                    stride_dvz, stride_dvh, stride_dvn,
-                   H, N_Q, N_K,
-                   HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   stride_dqz, stride_dqh, stride_dqm,
+                   H, GROUP, N_Q, N_K,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per key tile: walks the query tiles that see it (no atomics: it owns its dK, dV rows)."""
-    off_h = tl.program_id(1)
+    """One program per (key tile, key/value head): walks the query tiles of every query head of its group
+    that see it. No atomics for dK, dV (it owns those rows); with ATOMIC_DQ it also adds into DQ (float32)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    off_hk = tl.program_id(1)
     off_z = tl.program_id(2)
-    off_zh = (off_z * H + off_h).to(tl.int64)
-    z64, h64 = off_z.to(tl.int64), off_h.to(tl.int64)
-    q_base = Q + z64 * stride_qz + h64 * stride_qh
-    k_base = K + z64 * stride_kz + h64 * stride_kh
-    v_base = V + z64 * stride_vz + h64 * stride_vh
-    do_base = DO + z64 * stride_doz + h64 * stride_doh
+    z64, hk64 = off_z.to(tl.int64), off_hk.to(tl.int64)
 
     start_n = tl.program_id(0) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
     key_ok = offs_n < N_K
-    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    Q_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None]
-    DO_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
-    L_ptrs = L + off_zh * N_Q + offs_m
-    D_ptrs = Delta + off_zh * N_Q + offs_m
+    k = _load(K + z64 * stride_kz + hk64 * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+              key_ok, d_ok, True, PAD_D)
+    v = _load(V + z64 * stride_vz + hk64 * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+              key_ok, d_ok, True, PAD_D)
 
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     qk_scale = sm_scale * _LOG2E
     n_q_full = (N_Q // BLOCK_M) * BLOCK_M  # query tiles wholly inside the sequence
-    if IS_CAUSAL:
-        first = (start_n // BLOCK_M) * BLOCK_M  # earlier query tiles see none of these keys
-        diag_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M  # from here every query sees every key
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, stride_qm, stride_dom, offs_n, offs_m,
-                             first, tl.minimum(diag_end, N_Q), N_Q, qk_scale, 2, IS_CAUSAL, BLOCK_M, DOT_PRECISION)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, stride_qm, stride_dom, offs_n, offs_m,
-                             diag_end, n_q_full, N_Q, qk_scale, 1, IS_CAUSAL, BLOCK_M, DOT_PRECISION)
-        edge = tl.maximum(diag_end, n_q_full)
-    else:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, stride_qm, stride_dom, offs_n, offs_m,
-                             0, n_q_full, N_Q, qk_scale, 1, IS_CAUSAL, BLOCK_M, DOT_PRECISION)
-        edge = n_q_full
-    dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, stride_qm, stride_dom, offs_n, offs_m,
-                         edge, N_Q, N_Q, qk_scale, 2, IS_CAUSAL, BLOCK_M, DOT_PRECISION)
+    for g in range(GROUP):  # the query heads that read this key/value head: dK, dV sum over them
+        h64 = hk64 * GROUP + g
+        off_zh = z64 * H + h64
+        Q_ptrs = Q + z64 * stride_qz + h64 * stride_qh + offs_m[None, :] * stride_qm + offs_d[:, None]
+        DO_ptrs = DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :]
+        DQ_ptrs = DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
+        L_ptrs = L + off_zh * N_Q + offs_m
+        D_ptrs = Delta + off_zh * N_Q + offs_m
+        if IS_CAUSAL:
+            first = (start_n // BLOCK_M) * BLOCK_M  # earlier query tiles see none of these keys
+            diag_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M  # from here every query sees every key
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+                                 stride_dqm, offs_n, offs_m, d_ok, first, tl.minimum(diag_end, N_Q), N_Q, sm_scale,
+                                 qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+                                 stride_dqm, offs_n, offs_m, d_ok, diag_end, n_q_full, N_Q, sm_scale,
+                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, DOT_PRECISION)
+            edge = tl.maximum(diag_end, n_q_full)
+        else:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+                                 stride_dqm, offs_n, offs_m, d_ok, 0, n_q_full, N_Q, sm_scale,
+                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, DOT_PRECISION)
+            edge = n_q_full
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+                             stride_dqm, offs_n, offs_m, d_ok, edge, N_Q, N_Q, sm_scale,
+                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, DOT_PRECISION)
 
     dk = dk * sm_scale
-    tl.store(DK + z64 * stride_dkz + h64 * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(DV + z64 * stride_dvz + h64 * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+    _store(DK + z64 * stride_dkz + hk64 * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+           dk.to(DK.dtype.element_ty), key_ok, d_ok, PAD_D)
+    _store(DV + z64 * stride_dvz + hk64 * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
 
 
-@triton.autotune(configs=CONFIGS["dq"], key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_by_head_dim("dq")})
+@triton.autotune(configs=CONFIGS["dq"], key=_KEY, prune_configs_by={"early_config_prune": _prune_by_head_dim("dq")})
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dq(Q, K, V, DO, L, Delta, DQ, sm_scale,
                  stride_qz, stride_qh, stride_qm,
@@ -411,33 +549,36 @@ def _attn_bwd_dq(Q, K, V, DO, L, Delta, DQ, sm_scale,
                  stride_vz, stride_vh, stride_vn,
                  stride_doz, stride_doh, stride_dom,
                  stride_dqz, stride_dqh, stride_dqm,
-                 H, N_Q, N_K,
-                 HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per query tile: walks the key tiles it sees (it owns its dQ rows)."""
+                 H, GROUP, N_Q, N_K,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
-    off_zh = (off_z * H + off_h).to(tl.int64)
     z64, h64 = off_z.to(tl.int64), off_h.to(tl.int64)
+    hk64 = (off_h // GROUP).to(tl.int64)
+    off_zh = z64 * H + h64
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
     row_ok = offs_m < N_Q
-    q = tl.load(Q + z64 * stride_qz + h64 * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+    q = _load(Q + z64 * stride_qz + h64 * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+              row_ok, d_ok, True, PAD_D)
+    do = _load(DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+               row_ok, d_ok, True, PAD_D)
     lse2 = tl.load(L + off_zh * N_Q + offs_m, mask=row_ok, other=0.0) * _LOG2E
     delta = tl.load(Delta + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
-    K_ptrs = K + z64 * stride_kz + h64 * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None]
-    V_ptrs = V + z64 * stride_vz + h64 * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None]
+    K_ptrs = K + z64 * stride_kz + hk64 * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None]
+    V_ptrs = V + z64 * stride_vz + hk64 * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None]
 
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     qk_scale = sm_scale * _LOG2E
     n_k_full = (N_K // BLOCK_N) * BLOCK_N
     if IS_CAUSAL:
@@ -446,14 +587,14 @@ def _attn_bwd_dq(Q, K, V, DO, L, Delta, DQ, sm_scale,
     else:
         full_end = n_k_full
         masked_end = N_K
-    dq = _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                   0, full_end, N_K, qk_scale, 1, IS_CAUSAL, BLOCK_N, DOT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                   full_end, masked_end, N_K, qk_scale, 2, IS_CAUSAL, BLOCK_N, DOT_PRECISION)
+    dq = _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+                   0, full_end, N_K, qk_scale, 1, IS_CAUSAL, BLOCK_N, PAD_D, DOT_PRECISION)
+    dq = _dq_tiles(dq, q, do, lse2, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+                   full_end, masked_end, N_K, qk_scale, 2, IS_CAUSAL, BLOCK_N, PAD_D, DOT_PRECISION)
 
     dq = dq * sm_scale
-    tl.store(DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    _store(DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+           dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D)
 
 
 # ------------------------------------------------------------------------------------- launchers
@@ -469,27 +610,47 @@ def check_device(device) -> None:
 
 
 def check_head_dim(d: int) -> None:
-    """The head dims the kernels are built for (fp32 narrows them further: see _check_inputs)."""
+    """The head dims the kernels take: multiples of 8 from 16 to 256 (fp32 narrows them: _check_inputs)."""
     if d not in HEAD_DIMS:
-        raise LmsysError(f"flash-triton: head dim {d} is not supported (supported: "
-                         f"{', '.join(map(str, HEAD_DIMS))})", hint="use flash-torch or sdpa for other head dims")
+        raise LmsysError(f"flash-triton: head dim {d} is not supported (supported: multiples of {HEAD_DIM_STEP} "
+                         f"from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})", hint="use flash-torch or sdpa for other head dims")
+
+
+@functools.lru_cache(maxsize=None)
+def _smallest_tiles(d_pad: int, elem: int) -> dict:
+    """Shared-memory bytes of each kernel's cheapest config (cached: checked on every call)."""
+    return {kernel: min(_cost(kernel, c, d_pad, elem)[1] for c in configs) for kernel, configs in CONFIGS.items()}
+
+
+def _check_shared_memory(d: int, dtype, device) -> None:
+    """Every kernel has a config whose tiles fit in this GPU's shared memory (read from the device)."""
+    smem = shared_memory(device)
+    if smem is None:
+        return
+    for kernel, need in _smallest_tiles(head_dim_pad(d), dtype.itemsize).items():
+        if need > smem:
+            raise LmsysError(f"flash-triton: head dim {d} in {dtype} needs {need} bytes of shared memory per "
+                             f"block ({kernel} kernel, smallest tile); this GPU offers {smem}",
+                             hint="use bf16 or fp16, a smaller head dim, or flash-torch / sdpa")
 
 
 def _check_inputs(q, k, v) -> None:
     # shape constraints
     check_qkv(q, k, v, impl="flash-triton")
-    check_head_dim(q.shape[-1])
+    d = q.shape[-1]
+    check_head_dim(d)
     if q.dtype not in DTYPES:
         raise LmsysError(f"flash-triton: dtype {q.dtype} is not supported (float32, float16, bfloat16)")
-    if q.dtype == torch.float32 and q.shape[-1] not in FP32_HEAD_DIMS:
-        raise LmsysError(f"flash-triton: head dim {q.shape[-1]} needs fp16 or bf16 inputs (in fp32 its tiles do not "
-                         f"fit in shared memory; fp32 supports {', '.join(map(str, FP32_HEAD_DIMS))})",
+    if q.dtype == torch.float32 and d > FP32_MAX_HEAD_DIM:
+        raise LmsysError(f"flash-triton: head dim {d} needs fp16 or bf16 inputs (in fp32 its tiles do not fit "
+                         f"in shared memory; fp32 supports head dims up to {FP32_MAX_HEAD_DIM})",
                          hint="cast to bf16, or use flash-torch or sdpa")
     check_device(q.device)
+    _check_shared_memory(d, q.dtype, q.device)
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
-    """[..., n, d] -> [Z, H, n, d] with unit stride along d: a view when the strides allow it."""
+    """[..., h, n, d] -> [Z, h, n, d] with unit stride along d: a view when the strides allow it."""
     if x.dim() == 2:
         x = x[None, None]
     elif x.dim() == 3:
@@ -509,80 +670,122 @@ def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
-def flash_forward(q, k, v, is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32)."""
+def _tma_usable(policy: Policy, *tensors: torch.Tensor) -> bool:
+    """Tensor descriptors asked for and possible: Triton has them, the GPU is Hopper or newer (or the
+    interpreter runs), and every base and leading stride is 16-byte aligned."""
+    if not policy.tma or not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    device = tensors[0].device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    if device.type != "cuda" and not INTERPRET:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+               for t in tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def _set_tma_allocator() -> None:
+    """Tensor descriptors built inside a kernel need global scratch memory from Triton's allocator."""
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device="cuda", dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
+def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32). k, v may have fewer heads than q (dim -3)."""
+    policy = policy or default_policy()
     _check_inputs(q, k, v)
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[2]
     o4 = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
+    use_tma = _tma_usable(policy, q4, k4, v4)
+    if use_tma and q.device.type == "cuda":
+        _set_tma_allocator()
 
     def grid(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
+    args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
+            *o4.stride()[:3], H, H // k4.shape[1], n_q, n_k)
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=bool(policy.warp_specialize))
     with _device_guard(q.device):
-        _attn_fwd[grid](q4, k4, v4, o4, lse, 1.0 / math.sqrt(d),
-                        *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-                        H, n_q, n_k, HEAD_DIM=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=_dot_precision(q.dtype))
+        _launch("fwd", grid, args, consts, policy, q)
     return o4.view(q.shape), lse.view(q.shape[:-1])
 
 
-def flash_backward(q, k, v, o, lse, do, is_causal: bool = False):
-    """(dq, dk, dv) in the inputs' dtypes, from the saved L and D = rowsum(dO ∘ O)."""
+def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
+    """(dq, dk, dv) in the inputs' dtypes, from the saved L and D = rowsum(dO ∘ O); dk, dv summed over
+    each key/value head's group of query heads."""
+    policy = policy or default_policy()
     q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
     Z, H, n_q, d = q4.shape
-    n_k = k4.shape[2]
+    H_kv, n_k = k4.shape[1], k4.shape[2]
     lse3 = lse.reshape(Z, H, n_q)
     if lse3.stride() != (H * n_q, n_q, 1):
         lse3 = lse3.contiguous()
     delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
-    dq4 = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
-    dk4 = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=q.device)
-    dv4 = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=q.device)
+    atomic = not policy.deterministic
+    dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q.dtype,
+                                                    device=q.device)
+    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k.dtype, device=q.device)
+    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v.dtype, device=q.device)
     sm_scale, precision = 1.0 / math.sqrt(d), _dot_precision(q.dtype)
     pre_block = 16 if INTERPRET else 64
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision)
+    shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):
-        return (triton.cdiv(n_k, meta["BLOCK_N"]), H, Z)
+        return (triton.cdiv(n_k, meta["BLOCK_N"]), H_kv, Z)
 
     def grid_queries(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
     with _device_guard(q.device):
         _attn_bwd_preprocess[(triton.cdiv(n_q, pre_block), H, Z)](
-            o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d, BLOCK_M=pre_block)
-        _attn_bwd_dkdv[grid_keys](
-            q4, k4, v4, do4, lse3, delta, dk4, dv4, sm_scale,
-            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
-            *dv4.stride()[:3], H, n_q, n_k, HEAD_DIM=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision)
-        _attn_bwd_dq[grid_queries](
-            q4, k4, v4, do4, lse3, delta, dq4, sm_scale,
-            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3],
-            H, n_q, n_k, HEAD_DIM=d, IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision)
-    return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+            o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d),
+            BLOCK_M=pre_block)
+        _launch("dkdv", grid_keys,
+                (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
+                 *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
+                 *shapes), {**consts, "ATOMIC_DQ": atomic}, policy, q)
+        if not atomic:
+            _launch("dq", grid_queries,
+                    (q4, k4, v4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
+                     *v4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts, policy, q)
+    return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
 
 
 # ------------------------------------------------------------------------------ autograd.Function
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """`FlashAttentionTriton.apply(q, k, v, is_causal=False)`: q [..., n_q, d], k and v [..., n_k, d].
+    """`FlashAttentionTriton.apply(q, k, v, is_causal=False, deterministic=None, policy=None)`:
+    q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv (or [..., n, d] alike).
 
+    deterministic: None = the policy's (default_policy(): True); True = the atomics-free backward.
     Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False):
-        o, lse = flash_forward(q, k, v, bool(is_causal))
+    def forward(ctx, q, k, v, is_causal=False, deterministic=None, policy=None):
+        policy = policy or default_policy()
+        if deterministic is not None:
+            policy = replace(policy, deterministic=bool(deterministic))  # shares `ran` with the caller's
+        o, lse = flash_forward(q, k, v, bool(is_causal), policy=policy)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal, ctx.policy = bool(is_causal), policy
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal)
-        return dq, dk, dv, None
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy)
+        return dq, dk, dv, None, None, None
 
 
 flash_attention = FlashAttentionTriton.apply

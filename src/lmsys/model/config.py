@@ -18,6 +18,7 @@ class ModelConfig:
     context_length: int = 512
     rope_theta: float = 10_000.0
     attn_impl: str = "naive"
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
 
     def __post_init__(self):
         # A YAML file can carry any type: check them here, so a string or 12.5 is a one-line error.
@@ -33,12 +34,22 @@ class ModelConfig:
             raise LmsysError(
                 f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}"
             )
+        if self.num_kv_heads is not None:
+            if not isinstance(self.num_kv_heads, int) or isinstance(self.num_kv_heads, bool) or self.num_kv_heads < 1:
+                raise LmsysError(f"num_kv_heads must be a positive integer, got {self.num_kv_heads!r}")
+            if self.num_heads % self.num_kv_heads:
+                raise LmsysError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.d_head % 2:
             raise LmsysError(f"head size d_model/num_heads = {self.d_head} must be even for RoPE")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads when it is not set (plain multi-head attention)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     def with_overrides(self, **overrides) -> "ModelConfig":
         """Return a copy with every non-None override applied (and validated)."""
@@ -94,6 +105,8 @@ def config_from_yaml(path: str | Path) -> ModelConfig:
 
 
 def parameter_count_formula(cfg: ModelConfig) -> int:
-    """Closed form: embedding + layers (QKV+out 4D², SwiGLU 3·D·F, two norms) + final norm + LM head."""
+    """Closed form: embedding + layers (Q and out 2D², K and V 2·D·Hkv·d_head, SwiGLU 3·D·F, two norms) +
+    final norm + LM head."""
     D, F, V, L = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
-    return V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V
+    kv = cfg.kv_heads * cfg.d_head
+    return V * D + L * (2 * D * D + 2 * D * kv + 3 * D * F + 2 * D) + D + D * V

@@ -64,15 +64,16 @@ class TransformerBlock(nn.Module):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig, **kw):
         super().__init__()
-        self.num_heads = config.num_heads
+        self.num_heads, self.kv_heads, self.d_head = config.num_heads, config.kv_heads, config.d_head
         self.attn_impl = config.attn_impl
-        self.qkv_proj = Linear(config.d_model, 3 * config.d_model, **kw)  # q, k, v fused: one matmul
+        # q, k, v fused: one matmul; k and v have kv_heads heads (fewer than q with grouped-query attention)
+        self.qkv_proj = Linear(config.d_model, (config.num_heads + 2 * config.kv_heads) * config.d_head, **kw)
         self.output_proj = Linear(config.d_model, config.d_model, **kw)
 
     def forward(self, x, cos, sin):
         B, S, D = x.shape
-        qkv = self.qkv_proj(x).view(B, S, 3, self.num_heads, D // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, d_head]
+        qkv = self.qkv_proj(x).view(B, S, self.num_heads + 2 * self.kv_heads, self.d_head).transpose(1, 2)
+        q, k, v = qkv.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)  # [B, H or Hkv, S, d_head]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H, S, d_head]
         return self.output_proj(out.transpose(1, 2).reshape(B, S, D))
