@@ -100,6 +100,8 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
         options[key] = options.get(key, False) if value is None else value
     if optimizer_in_backward is False and optimizer_stream is None:
         options["optimizer_stream"] = False  # the side stream only exists for the in-backward updates
+    if options["optimizer_stream"] and options["optimizer_in_backward"] and device.type != "cuda":
+        raise LmsysError("--optimizer-stream needs a CUDA GPU (it overlaps the updates with the backward)")
     return options
 
 
