@@ -52,7 +52,7 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
 # What `--fast` adds on CUDA with bf16 master weights: the optimizer inside the backward, on a side
 # stream, with each block compiled (whole-model compile hands every gradient over only at the end of
 # the backward, so nothing could overlap). Pending measurement: the ablation in
-# docs/benchmarks/e2e.md ("Optimizer in backward", scripts/gpu/e2e.sh part `ablation`) decides it;
+# docs/benchmarks/e2e.md ("Issue 15", from scripts/gpu/e2e.sh part `ablation`) decides it;
 # set to {} to go back to whole-model compile with the optimizer after the backward.
 FAST_OPTIMIZER_IN_BACKWARD = {"optimizer_in_backward": True, "optimizer_stream": True, "compile": "blocks"}
 
