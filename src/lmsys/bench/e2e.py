@@ -49,12 +49,20 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     return out
 
 
+# What `--fast` adds on CUDA with bf16 master weights: the optimizer inside the backward, on a side
+# stream, with each block compiled (whole-model compile hands every gradient over only at the end of
+# the backward, so nothing could overlap). Pending measurement: the ablation in
+# docs/benchmarks/e2e.md ("Issue 15", from scripts/gpu/e2e.sh part `ablation`) decides it;
+# set to {} to go back to whole-model compile with the optimizer after the backward.
+FAST_OPTIMIZER_IN_BACKWARD = {"optimizer_in_backward": True, "optimizer_stream": True, "compile": "blocks"}
+
+
 def fast_path(device, dtype: str) -> dict:
     """What `--fast` switches on. Measured on an H200 (docs/benchmarks/e2e.md): whole-model compile
     with SDPA inside the graph beat per-block compile with the Triton kernel as a graph break
     (small fp32: 17.9 ms against 50.6 ms), and bf16 master weights carried 2.7b to 99.6 ms."""
     cuda = device.type == "cuda"
-    return {
+    options = {
         "attn_impl": "sdpa",
         "compile": "model" if cuda else "none",  # torch.compile on a CPU costs more than it saves here
         "optimizer": "adamw-fused",
@@ -62,12 +70,17 @@ def fast_path(device, dtype: str) -> dict:
         "fused_ce": "auto",
         "tf32": cuda and dtype == "fp32",
     }
+    if cuda and dtype == "bf16":
+        options.update(FAST_OPTIMIZER_IN_BACKWARD)
+    return options
 
 
 def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_scope: str | None,
-                 optimizer: str, master_weights: bool, fused_ce: str, tf32: bool) -> dict:
+                 optimizer: str, master_weights: bool, fused_ce: str, tf32: bool,
+                 optimizer_in_backward: bool | None = None, optimizer_stream: bool | None = None) -> dict:
     """The command line's switches -> Workload fields (plus `attn_impl`): `--fast` first, then each
-    explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off'."""
+    explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off';
+    optimizer_in_backward / optimizer_stream: None keeps what `--fast` chose (off without it)."""
     if fused_ce not in ("auto", "on", "off"):
         raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
     if optimizer not in ("auto", "adamw", "adamw-fused"):
@@ -83,6 +96,12 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
     options["master_weights"] = master_weights or options.get("master_weights", False)
     options["fused_ce"] = {"on": True, "off": False}.get(fused_ce, options.get("fused_ce", "auto"))
     options["tf32"] = tf32 or options.get("tf32", False)
+    for key, value in (("optimizer_in_backward", optimizer_in_backward), ("optimizer_stream", optimizer_stream)):
+        options[key] = options.get(key, False) if value is None else value
+    if optimizer_in_backward is False and optimizer_stream is None:
+        options["optimizer_stream"] = False  # the side stream only exists for the in-backward updates
+    if options["optimizer_stream"] and options["optimizer_in_backward"] and device.type != "cuda":
+        raise LmsysError("--optimizer-stream needs a CUDA GPU (it overlaps the updates with the backward)")
     return options
 
 
@@ -100,7 +119,8 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
     """The user's alternative: the plain model (naive attention, AdamW), eager and torch.compile'd."""
     plain = replace(workload, config=workload.config.with_overrides(attn_impl="naive"), compile="none",
                     cuda_graphs=False, optimizer="adamw", master_weights=False, fused_ce=False,
-                    checkpoint="none", tf32=False)
+                    checkpoint="none", tf32=False,
+                    optimizer_in_backward=False, optimizer_stream=False)
     return [(PLAIN_EAGER, plain), (PLAIN_COMPILED, replace(plain, compile="model", optimizer="adamw-fused"))]
 
 
@@ -195,7 +215,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                     peak_fwd = _max(peak_fwd, peak_memory(device))
                     if mode != "fwd":
                         with timer.region("backward"):
-                            step.backward(loss)
+                            step.backward(loss, update=mode == "train")
                     if mode == "train":
                         with timer.region("optimizer"):
                             step.optimizer_step()

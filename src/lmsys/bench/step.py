@@ -5,7 +5,8 @@ memory-history phases: the step itself knows nothing of who watches it.
 
 A `Workload` also carries the fast-path switches (each measured in docs/benchmarks/e2e.md); they are
 applied here, from outside the model: compile (whole loss function or each block), CUDA graphs, fused
-or master-weight AdamW, chunked cross-entropy, activation checkpointing, TF32.
+or master-weight AdamW, chunked cross-entropy, activation checkpointing, TF32, and the optimizer run
+inside the backward (`OptimizerInBackward`: each block updated as soon as its gradients are final).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Workload:
     fused_ce: bool | str = False   # chunked cross-entropy: True | False | "auto" (when logits are large)
     checkpoint: str = "none"       # none | block | every:N (segments of N blocks)
     tf32: bool = False             # TF32 tensor cores for fp32 matmuls
+    optimizer_in_backward: bool = False  # each block's AdamW runs from a post-accumulate-grad hook
+    optimizer_stream: bool = False  # ... on a side CUDA stream, under the rest of the backward
     lr: float = 1e-4
 
     def __post_init__(self):
@@ -58,6 +61,7 @@ class Workload:
             logits_bytes = 4 * self.tokens * self.config.vocab_size
             object.__setattr__(self, "fused_ce", logits_bytes > FUSED_CE_BYTES)
         checkpoint_segment(self.checkpoint, self.config.num_layers)
+        check_optimizer_in_backward(self)
 
     @property
     def seq_len(self) -> int:
@@ -79,7 +83,24 @@ class Workload:
             parts.append(f"checkpoint {self.checkpoint}")
         if self.tf32:
             parts.append("TF32")
+        if self.optimizer_in_backward:
+            parts.append("optimizer in backward" + (" (side stream)" if self.optimizer_stream else ""))
         return ", ".join(parts)
+
+
+def check_optimizer_in_backward(workload: Workload) -> None:
+    """The combinations the in-backward optimizer refuses, each with why (one line)."""
+    if workload.optimizer_stream and not workload.optimizer_in_backward:
+        raise LmsysError("--optimizer-stream runs the in-backward updates on a side stream: "
+                         "add --optimizer-in-backward")
+    if not workload.optimizer_in_backward:
+        return
+    if workload.dtype == "fp16":
+        raise LmsysError("--optimizer-in-backward cannot use fp16's GradScaler: it updates blocks before the "
+                         "scaler has seen every gradient for inf/NaN; use --dtype bf16 or fp32")
+    if workload.cuda_graphs:
+        raise LmsysError("--optimizer-in-backward with --cuda-graphs is not supported: graph replays reuse the "
+                         "gradient buffers the hooks update from")
 
 
 def checkpoint_segment(policy: str, num_layers: int) -> int | None:
@@ -115,8 +136,13 @@ class TrainStep:
         with self._autocast():
             return self.loss_fn(inputs, targets)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+    def backward(self, loss: torch.Tensor, *, update: bool = True) -> None:
+        """Gradients of `loss`; with an `OptimizerInBackward`, also the updates (unless update=False:
+        then the gradients stay, as in the fwd-bwd mode)."""
+        paused = (self.optimizer.paused() if isinstance(self.optimizer, OptimizerInBackward) and not update
+                  else nullcontext())
+        with paused:
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def optimizer_step(self) -> None:
         if self.scaler:
@@ -135,7 +161,7 @@ class TrainStep:
             return self.forward(inputs, targets)
         self.zero_grad()
         loss = self.forward(inputs, targets)
-        self.backward(loss)
+        self.backward(loss, update=mode == "train")
         if mode == "train":
             self.optimizer_step()
         return loss
@@ -167,6 +193,7 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
     model = TransformerLM(workload.config, device=device)
     if workload.master_weights:
         model = model.to(torch_dtype(workload.dtype))
+    groups = update_groups(model)  # before checkpointing regroups the blocks
     compile_mode = "reduce-overhead" if workload.cuda_graphs else None
     if workload.compile == "blocks":
         for layer in model.layers:
@@ -180,7 +207,11 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
 
     if workload.compile == "model":
         loss_fn = torch.compile(loss_fn, mode=compile_mode)
-    optimizer = make_optimizer(workload, model.parameters(), device)
+    if workload.optimizer_in_backward:
+        optimizer = OptimizerInBackward(groups, lambda params: make_optimizer(workload, params, device),
+                                        stream=side_stream(workload, device))
+    else:
+        optimizer = make_optimizer(workload, model.parameters(), device)
     return TrainStep(model, optimizer, device=device, dtype=workload.dtype, loss_fn=loss_fn,
                      autocast=not workload.master_weights)
 
@@ -194,6 +225,111 @@ def make_optimizer(workload: Workload, params, device) -> torch.optim.Optimizer:
     if workload.optimizer == "adamw-fused":
         return torch.optim.AdamW(params, fused=True, **kw)
     return torch.optim.AdamW(params, **kw)
+
+
+# ----------------------------------------------------------------------------- optimizer in backward
+
+
+def update_groups(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
+    """The units the in-backward optimizer updates: each block's parameters together, every other
+    parameter (embedding, final norm, LM head) alone."""
+    in_blocks = {id(p) for layer in model.layers for p in layer.parameters()}
+    return ([list(layer.parameters()) for layer in model.layers]
+            + [[p] for p in model.parameters() if id(p) not in in_blocks])
+
+
+def side_stream(workload: Workload, device):
+    """The CUDA stream the in-backward updates run on (None: the backward's own stream)."""
+    if not workload.optimizer_stream:
+        return None
+    if device.type != "cuda":
+        raise LmsysError("--optimizer-stream needs a CUDA GPU (it overlaps the updates with the backward)")
+    return torch.cuda.Stream(device)
+
+
+class OptimizerInBackward:
+    """AdamW run inside the backward: one optimizer per group (a block, or a lone parameter), stepped
+    from a post-accumulate-grad hook as soon as the group's last gradient is final; the gradients are
+    freed right after, so at most a block's gradients (plus those not yet consumed) are alive.
+
+    With `stream`, the update runs on that side stream: it waits on an event recorded on the backward's
+    stream after the gradients, the gradients are `record_stream`'d so that the allocator does not
+    reuse their memory under the update, and `step()` makes the current stream wait for the side
+    stream before the next forward reads the weights. `step()` is all that is left after backward:
+    it updates any group whose gradients came only in part (a parameter unused by the loss) and waits.
+
+    Per-tensor AdamW is elementwise, so the result equals one optimizer stepped after the backward.
+    Looks like a torch.optim.Optimizer to TrainStep (`step`, `zero_grad`, `param_groups`, `state`)."""
+
+    def __init__(self, groups: list[list[torch.nn.Parameter]], make_optimizer, *, stream=None):
+        self.groups = [g for g in groups if g]
+        self.optimizers = [make_optimizer(g) for g in self.groups]
+        self.stream = stream
+        self._arrived = [0] * len(self.groups)
+        self._active = True
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook(i))
+                         for i, group in enumerate(self.groups) for p in group]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for opt in self.optimizers for p, s in opt.state.items()}
+
+    def _hook(self, index: int):
+        def hook(param: torch.Tensor) -> None:
+            if not self._active:
+                return
+            self._arrived[index] += 1
+            if self._arrived[index] == len(self.groups[index]):
+                self._update(index)
+        return hook
+
+    @torch.no_grad()
+    def _update(self, index: int) -> None:
+        self._arrived[index] = 0
+        grads = [p.grad for p in self.groups[index] if p.grad is not None]
+        if self.stream is None:
+            self.optimizers[index].step()
+        else:
+            ready = torch.cuda.current_stream(self.stream.device).record_event()
+            self.stream.wait_event(ready)
+            with torch.cuda.stream(self.stream):
+                self.optimizers[index].step()
+            for g in grads:
+                g.record_stream(self.stream)
+        for p in self.groups[index]:
+            p.grad = None
+
+    def step(self) -> None:
+        """The optimizer phase: finish groups that got some gradients but not all, then wait."""
+        for index, arrived in enumerate(self._arrived):
+            if arrived:
+                self._update(index)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._arrived = [0] * len(self.groups)
+        for group in self.groups:
+            for p in group:
+                p.grad = None
+
+    @contextmanager
+    def paused(self):
+        """Gradients accumulate as usual and nothing is updated (the fwd-bwd mode)."""
+        self._active = False
+        try:
+            yield
+        finally:
+            self._active = True
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 @contextmanager

@@ -34,8 +34,10 @@ def e2e(
     master_weights: Annotated[bool, typer.Option("--master-weights", help="bf16 weights and grads with fp32 master weights in a fused Triton AdamW (needs --dtype bf16).")] = False,
     fused_ce: Annotated[str, typer.Option(help="Chunked cross-entropy that never holds full logits: auto (when fp32 logits > 1 GiB) | on | off.")] = "auto",
     tf32: Annotated[bool, typer.Option("--tf32", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
+    optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (default: on with --fast on a GPU in bf16).")] = None,
+    optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (default: with --fast's in-backward optimizer).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
-    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
+    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32); on a GPU in bf16 the optimizer inside the backward on a side stream, each block compiled.")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -57,7 +59,8 @@ def e2e(
     check_dtype_for_device(dtype, dev)
     options = lib.step_options(dev, dtype, fast=fast, attn=attn,
                                compile_scope="model" if compile else ("blocks" if compile_blocks else None),
-                               optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32)
+                               optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
+                               optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
