@@ -36,7 +36,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", metavar="", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = False,
 ):
     """lmsys: one CLI for the systems side of training Transformer language models."""

@@ -6,7 +6,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
+from lmsys.commands._common import DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
+
+def check_message_sizes(labels: list[str], nbytes: list[int], dtype: str) -> None:
+    """A size that is not a whole number of elements of --dtype is refused (it would be rounded)."""
+    from lmsys.core.errors import LmsysError
+
+    width = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+    for label, n in zip(labels, nbytes):
+        if n % width:
+            raise LmsysError(f"--sizes {label}: {n} bytes is not a whole number of {dtype} elements "
+                             f"({width} bytes each)", hint=f"give a multiple of {width} bytes")
+
 
 app = typer.Typer(help="Collectives: all-reduce bandwidth over gloo or NCCL.", no_args_is_help=True)
 
@@ -18,26 +29,31 @@ def allreduce(
     sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20.")] = "1MB,10MB,100MB,1GB",
     dtype: DtypeOpt = "fp32",
     warmup: Annotated[int, typer.Option(help="Untimed rounds per size.")] = 5,
-    iters: Annotated[int, typer.Option(help="Timed rounds per size.")] = 20,
-    baseline: Annotated[bool, typer.Option("--baseline", help="Also time a bare torch.distributed loop (back-to-back all-reduces) per size.")] = False,
+    iters: Annotated[int, typer.Option("--steps", "--iters", help="Timed rounds per size.")] = 20,
+    baseline: Annotated[bool, typer.Option("--baseline", metavar="", help="Also time a bare torch.distributed loop (back-to-back all-reduces) per size.")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu: cuda runs nccl, cpu runs gloo (auto: as --backend, else nccl when a GPU is visible).")] = "auto",
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
     """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
-    from lmsys.core.devices import torch_dtype
     from lmsys.core.parsing import parse_bytes, parse_int_list, parse_list
+
+    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_counts(warmup=(warmup, 0), steps=(iters, 1))
+    labels = parse_list(sizes, str, what="--sizes")
+    nbytes = [parse_bytes(label) for label in labels]
+    check_message_sizes(labels, nbytes, dtype)
+    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+
     from lmsys.core.results import Report
     from lmsys.distributed import launch
 
-    check_render_options(format, output)
-    check_counts(warmup=(warmup, 0), iters=(iters, 1))
-    labels = parse_list(sizes, str, what="--sizes")
-    nbytes = [parse_bytes(label) for label in labels]
-    torch_dtype(dtype)
+    backend = launch.backend_for_device(device, backend)
     backend = launch.resolve_backend(backend)
-    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes)
+    if warning := launch.warn_oversubscription(world_sizes, backend):
+        typer.echo(warning, err=True)
 
     rows, meta = [], {}
     for n in world_sizes:

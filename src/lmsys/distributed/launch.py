@@ -81,6 +81,29 @@ def resolve_backend(name: Optional[str]) -> str:
     return name
 
 
+def backend_for_device(device: Optional[str], backend: Optional[str]) -> Optional[str]:
+    """--device as the shared option says it: cpu -> gloo, cuda -> nccl; with --backend too they must agree.
+    'auto' (or None) leaves --backend as given."""
+    if device in (None, "auto"):
+        return backend
+    implied = "gloo" if device == "cpu" else "nccl"
+    if backend not in (None, "auto") and backend != implied:
+        raise LmsysError(f"--device {device} runs {implied}, but --backend {backend} was given",
+                         hint="give one of them (--device cpu = --backend gloo, --device cuda = --backend nccl)")
+    return implied
+
+
+def warn_oversubscription(world_sizes: list[int], backend: str) -> Optional[str]:
+    """One line when gloo ranks outnumber the CPU cores (each gets under one core: times are not
+    bandwidth any more), else None."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    worst = max(world_sizes)
+    if backend == "gloo" and not under_torchrun() and worst > cores:
+        return (f"warning: --world-size {worst} runs {worst} processes on {cores} CPU core(s): "
+                "they share cores, so times measure scheduling as much as communication")
+    return None
+
+
 def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
     """The world sizes to run. Under torchrun only the group's own size is possible."""
     if under_torchrun():
@@ -98,6 +121,7 @@ def check_launch(backend: str, world_sizes: list[int]) -> None:
 
     if backend not in BACKENDS:
         raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked here, in the parent, not once per rank
     for n in world_sizes:
         if n < 1:
             raise LmsysError(f"--world-size must be >= 1, got {n}")
