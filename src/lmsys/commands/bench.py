@@ -50,7 +50,7 @@ def e2e(
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None and attn not in ATTENTION_IMPLS:
-        raise LmsysError(f"--attn must be one of {', '.join(ATTENTION_IMPLS)}, not {attn!r}")
+        raise LmsysError(f"--attn: unknown attention implementation {attn!r}; choose from {', '.join(ATTENTION_IMPLS)}")
 
     from lmsys.bench import e2e as lib
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
