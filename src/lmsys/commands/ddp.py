@@ -36,7 +36,7 @@ def train(
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
-    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
 
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
