@@ -156,7 +156,7 @@ def test_bench_attention_plot(lmsys, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (("--impl", "flashy"), "unknown attention implementation"),
     (("--preset", "fast"), "--preset must be one of leaderboard"),
-    (("--seq-len", "0"), "--seq-len"),
+    (("--seq-len", "0"), "--context-length"),  # --seq-len is the old spelling
     (("--steps", "0"), "--steps"),
     (("--dtype", "fp16"), "fp16"),
     (("--plot", "/nonexistent/dir/a.png"), "--plot: directory /nonexistent/dir does not exist"),

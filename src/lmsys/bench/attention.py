@@ -145,8 +145,10 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
 
 
 def _unavailable(exc: BaseException) -> bool:
-    """SDPA pinned to a backend that cannot take these inputs ('No available kernel')."""
-    return isinstance(exc, RuntimeError) and "no available kernel" in str(exc).lower()
+    """SDPA pinned to a backend that cannot take these inputs ('No available kernel'), or one this
+    build or device does not have at all ('No viable backend', e.g. sdpa-flash on a CPU)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("no available kernel" in text or "no viable backend" in text)
 
 
 def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, device) -> dict:

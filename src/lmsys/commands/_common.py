@@ -19,11 +19,19 @@ OutputOpt = Annotated[
 ]
 
 
-def check_render_options(fmt: str, output: Optional[Path]) -> None:
-    """Validate --format/--output before any work starts."""
+def check_render_options(fmt: str, output: Optional[Path], *, device: Optional[str] = None,
+                         dtype: Optional[str] = None) -> None:
+    """Validate --format/--output (and --device/--dtype when given) before any work starts and before
+    torch is imported: a typo answers in a fraction of a second. Call it first in a command."""
+    from lmsys.core.devices import DEVICE_CHOICES, DTYPE_CHOICES
+    from lmsys.core.errors import LmsysError
     from lmsys.core.results import check_format, check_output_path
 
     check_format(fmt)
+    if device is not None and device not in DEVICE_CHOICES and not device.startswith("cuda:"):
+        raise LmsysError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
+    if dtype is not None and dtype not in DTYPE_CHOICES:
+        raise LmsysError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {dtype!r}")
     check_output_path(output)
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from lmsys.model.config import ATTENTION_IMPLS
 from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
                                     emit, track)
 
@@ -19,41 +20,44 @@ def e2e(
     d_ff: Annotated[Optional[int], typer.Option(help="Override d_ff.")] = None,
     layers: Annotated[Optional[int], typer.Option(help="Override the number of layers.")] = None,
     heads: Annotated[Optional[int], typer.Option(help="Override the number of heads.")] = None,
-    context_length: Annotated[int, typer.Option(help="Sequence length of the batch.")] = 512,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    context_length: Annotated[int, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch.")] = 512,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")] = 4,
     vocab_size: Annotated[Optional[int], typer.Option(help="Override the vocabulary size (10,000).")] = None,
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train | all.")] = "train",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
-    steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    attn: Annotated[Optional[str], typer.Option(help="Attention: naive | compiled | sdpa | flash-torch | flash-triton. Default naive (sdpa with --fast).")] = None,
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
-    compile_blocks: Annotated[bool, typer.Option("--compile-blocks", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
-    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
+    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_IMPLS) + ". Default naive (sdpa with --fast).")] = None,
+    compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
+    compile_blocks: Annotated[bool, typer.Option("--compile-blocks", metavar="", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", metavar="", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
     optimizer: Annotated[str, typer.Option(help="auto | adamw | adamw-fused (auto: fused on a GPU).")] = "auto",
-    master_weights: Annotated[bool, typer.Option("--master-weights", help="bf16 weights and grads with fp32 master weights in a fused Triton AdamW (needs --dtype bf16).")] = False,
+    master_weights: Annotated[bool, typer.Option("--master-weights", metavar="", help="bf16 weights and grads with fp32 master weights in a fused Triton AdamW (needs --dtype bf16).")] = False,
     fused_ce: Annotated[str, typer.Option(help="Chunked cross-entropy that never holds full logits: auto (when fp32 logits > 1 GiB) | on | off.")] = "auto",
-    tf32: Annotated[bool, typer.Option("--tf32", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
-    optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (default: on with --fast on a GPU in bf16).")] = None,
-    optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (default: with --fast's in-backward optimizer).")] = None,
+    tf32: Annotated[bool, typer.Option("--tf32", metavar="", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
+    optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", metavar="", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (off by default, also with --fast: measured no faster on an H200).")] = None,
+    optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", metavar="", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (needs --optimizer-in-backward).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
-    fast: Annotated[bool, typer.Option("--fast", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32); on a GPU in bf16 the optimizer inside the backward on a side stream, each block compiled.")] = False,
-    compare: Annotated[bool, typer.Option("--compare", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
+    fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
+    compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
-    from lmsys.bench import e2e as lib
-    from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import parse_list
-    from lmsys.core.results import Report
 
-    check_render_options(format, output)
-    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
+    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
+    if attn is not None and attn not in ATTENTION_IMPLS:
+        raise LmsysError(f"--attn: unknown attention implementation {attn!r}; choose from {', '.join(ATTENTION_IMPLS)}")
+
+    from lmsys.bench import e2e as lib
+    from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
+    from lmsys.core.parsing import parse_list
+    from lmsys.core.results import Report
     modes = lib.expand_modes(mode)
     dev = resolve_device(device)
     check_dtype_for_device(dtype, dev)
@@ -66,6 +70,11 @@ def e2e(
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
+    if dev.type == "cpu":  # a 10b model on a CPU: say so before the OS kills the build
+        from lmsys.model.memory import check_fits_in_ram
+
+        for name, cfg in configs:
+            check_fits_in_ram(cfg, batch_size=batch_size, dtype=dtype, what=f"--size {name}")
     per_workload = len(modes) * (3 if compare else 1)
     rows = list(track(lib.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
                       total=len(workloads) * per_workload, description="bench e2e"))
@@ -87,37 +96,41 @@ def e2e(
 @app.command("attention")
 def attention(
     impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
-    batch: Annotated[Optional[str], typer.Option(help="Batch sizes, comma-separated (seed: 8).")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch-size", "--batch", help="Batch sizes, comma-separated. Defaults (here and below): the seed's sweep (batch 8, 1 head, d 16,32,64,128, seq 256..16384, fp32, no mask, warmup 10, steps 100) on a GPU or whenever a size option is given; on a CPU without sizes a small one (batch 1, d 16,64, seq 128,256, warmup 1, steps 5).")] = None,
     heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
-    d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128).")] = None,
-    seq_len: Annotated[Optional[str], typer.Option(help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384).")] = None,
+    d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128; CPU: 16,64).")] = None,
+    seq_len: Annotated[Optional[str], typer.Option("--context-length", "--seq-len", help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384; CPU: 128,256).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (seed: fp32).")] = None,
-    causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal mask (seed: no).")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it).")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10).")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Timed forward+backward steps (seed: 100).")] = None,
+    causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", metavar="", help="Causal mask (seed: no).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it; on a CPU the CPU implementations run instead, said on stderr).")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10; CPU: 1).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", "--iters", help="Timed forward+backward steps (seed: 100; CPU: 5).")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw fwd+bwd ms against seq into this PNG (matplotlib).")] = None,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
+    from lmsys.core.results import check_output_path
+
+    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_output_path(plot, what="--plot")
+
     from lmsys.bench import attention as lib
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_int_list, parse_list
-    from lmsys.core.results import Report, check_output_path
-
-    check_render_options(format, output)
-    check_output_path(plot, what="--plot")
+    from lmsys.core.results import Report
     dev = resolve_device(device)
     sweep, notes = lib.resolve_sweep(
         device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
-        batch=parse_int_list(batch, what="--batch") or None, heads=parse_int_list(heads, what="--heads") or None,
+        batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
         d_head=parse_int_list(d_head, what="--d-head") or None,
-        seq_len=parse_int_list(seq_len, what="--seq-len") or None,
+        seq_len=parse_int_list(seq_len, what="--context-length") or None,
         dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads,
     )
+    for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
+        typer.echo(note, err=True)
     rows = list(track(lib.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
     meta = environment(dev)
     meta["run"] = sweep.describe()

@@ -13,30 +13,36 @@ app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter and 
 
 BackendOpt = Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")]
 WorldSizeOpt = Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4,6); one torchrun job each. Default 2 (under torchrun: its WORLD_SIZE).")]
-SizesOpt = Annotated[str, typer.Option(help="Message sizes (the full buffer), comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20.")]
+SizesOpt = Annotated[str, typer.Option(help="Message sizes (the full buffer), comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20; a whole number of --dtype elements.")]
 WarmupOpt = Annotated[int, typer.Option(help="Untimed rounds per size.")]
-ItersOpt = Annotated[int, typer.Option(help="Timed rounds per size.")]
-BaselineOpt = Annotated[bool, typer.Option("--baseline", help="Also time a bare torch.distributed loop (back-to-back collectives) per size.")]
+StepsOpt = Annotated[int, typer.Option("--steps", "--iters", help="Timed rounds per size.")]
+BaselineOpt = Annotated[bool, typer.Option("--baseline", metavar="", help="Also time a bare torch.distributed loop (back-to-back collectives) per size.")]
+CommDeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu: cuda runs nccl, cpu runs gloo (auto: as --backend, else nccl when a GPU is visible).")]
 DEFAULT_SIZES = "1MB,10MB,100MB,1GB"
 
 
-def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, format, output) -> None:
-    """Validate the shared options, run `collectives.collective_job` per world size, render (rank 0)."""
-    from lmsys.core.devices import torch_dtype
-    from lmsys.core.parsing import parse_bytes, parse_int_list, parse_list
-    from lmsys.core.results import Report
-    from lmsys.distributed import launch
-    from lmsys.distributed.collectives import BROADCAST_SRC
+def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, device, format,
+            output) -> None:
+    """Validate the shared options (before torch is imported), run `collectives.collective_job` per world
+    size, render (rank 0)."""
+    from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
 
-    check_render_options(format, output)
-    check_counts(warmup=(warmup, 0), iters=(iters, 1))
+    check_render_options(format, output, device=device, dtype=dtype)
+    check_counts(warmup=(warmup, 0), steps=(iters, 1))
     labels = parse_list(sizes, str, what="--sizes")
     nbytes = [parse_bytes(label) for label in labels]
-    torch_dtype(dtype)
-    backend = launch.resolve_backend(backend)
+    check_message_sizes(labels, nbytes, dtype)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+
+    from lmsys.core.results import Report
+    from lmsys.distributed import launch
+    from lmsys.distributed.collectives import collective_notes
+
+    backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes)
+    if warning := launch.warn_oversubscription(world_sizes, backend):
+        typer.echo(warning, err=True)
 
     rows, meta = [], {}
     for n in world_sizes:
@@ -47,32 +53,19 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
             return
         rows += result["rows"]
         meta = meta or result["meta"]
-    meta["run"] = (f"{backend}, {dtype}, warmup {warmup}, iters {iters}; per round: barrier, {collective}, "
-                   "max over ranks")
-    factor = {"all-reduce": "2(n−1)/n", "all-gather": "(n−1)/n", "reduce-scatter": "(n−1)/n",
-              "broadcast": "1"}[collective]
-    notes = [f"algbw = bytes / median time; busbw = algbw · {factor} (nccl-tests convention for {collective}). "
-             "GB/s = 10^9 bytes/s."]
-    if collective in ("all-gather", "reduce-scatter"):
-        notes.append("bytes: the full buffer (all ranks' parts together), rounded down to a multiple of the "
-                     "world size; each rank sends or receives bytes / n of it.")
-    if collective == "broadcast":
-        notes.append(f"broadcast from rank {BROADCAST_SRC}.")
-    notes.append("correct: every rank's result equals what the collective must produce from known inputs. "
-                 "op: the torch.distributed call that ran (a fallback where the backend lacks the preferred one).")
-    if baseline:
-        notes.append(f"bare loop: iters back-to-back {collective}s between two synchronisations, time / iters.")
+    meta["run"] = (f"{backend}, {dtype}, warmup {warmup}, steps {iters}; per round: barrier, a one-element "
+                   f"all-reduce, {collective}, max over ranks")
     title = "comm allreduce" if collective == "all-reduce" else f"comm {collective}"  # the command's name
-    emit(Report(title, rows, meta, notes), format, output)
+    emit(Report(title, rows, meta, collective_notes(collective, baseline=baseline)), format, output)
 
 
 @app.command("allreduce")
 def allreduce(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
-              format: FormatOpt = "table", output: OutputOpt = None):
+              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
+              device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
     """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
     measure("all-reduce", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, format=format, output=output)
+            iters=iters, baseline=baseline, device=device, format=format, output=output)
 
 
 app.command("all-reduce", hidden=True)(allreduce)  # the spelling of the other three
@@ -80,26 +73,27 @@ app.command("all-reduce", hidden=True)(allreduce)  # the spelling of the other t
 
 @app.command("all-gather")
 def all_gather(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-               dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
-               format: FormatOpt = "table", output: OutputOpt = None):
+               dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
+               device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
     """All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."""
     measure("all-gather", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, format=format, output=output)
+            iters=iters, baseline=baseline, device=device, format=format, output=output)
 
 
 @app.command("reduce-scatter")
 def reduce_scatter(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-                   dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20,
-                   baseline: BaselineOpt = False, format: FormatOpt = "table", output: OutputOpt = None):
+                   dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20,
+                   baseline: BaselineOpt = False, device: CommDeviceOpt = "auto", format: FormatOpt = "table",
+                   output: OutputOpt = None):
     """Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."""
     measure("reduce-scatter", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, format=format, output=output)
+            iters=iters, baseline=baseline, device=device, format=format, output=output)
 
 
 @app.command("broadcast")
 def broadcast(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: ItersOpt = 20, baseline: BaselineOpt = False,
-              format: FormatOpt = "table", output: OutputOpt = None):
+              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
+              device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
     """Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."""
     measure("broadcast", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, format=format, output=output)
+            iters=iters, baseline=baseline, device=device, format=format, output=output)

@@ -8,7 +8,7 @@ import typer
 
 from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
-app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP.", no_args_is_help=True)
+app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP and FSDP2.", no_args_is_help=True)
 
 
 @app.command("train")
@@ -18,97 +18,53 @@ def train(
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
     lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done); comma-separated.")] = "",
     nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
-    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
-    shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
+    shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", metavar="", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
     size: Annotated[Optional[str], typer.Option(help="Model preset (tiny ... 10b) or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Sequences per rank per step.")] = 4,
-    context_length: Annotated[Optional[int], typer.Option(help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per rank per step.")] = 4,
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
     dtype: DtypeOpt = "fp32",
-    steps: Annotated[int, typer.Option(help="Timed steps per strategy.")] = 10,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps per strategy.")] = 10,
     warmup: Annotated[int, typer.Option(help="Untimed steps before them (they train too: parity covers all).")] = 3,
-    world_size: Annotated[Optional[int], typer.Option(help="Processes (default 2; under torchrun: its WORLD_SIZE).")] = None,
+    world_size: Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4): one torchrun job and one report each. Default 2 (under torchrun: its WORLD_SIZE).")] = None,
     backend: Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu: cuda runs nccl, cpu runs gloo (auto: as --backend, else nccl when a GPU is visible).")] = "auto",
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
     from dataclasses import asdict
 
-    from lmsys.core.devices import check_dtype_for_device, resolve_device
-    from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import parse_list
+    from lmsys.core.parsing import parse_int_list
+    from lmsys.distributed import runs as plan
+
+    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
+    requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
+    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever, dtype=dtype)
+    ctas = plan.set_nccl_ctas(nccl_ctas)
+
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    import os
+    from lmsys.distributed.train import check_model
 
-    from lmsys.distributed.train import BUCKET_LEVERS, COMM_DTYPES, LEARNING_RATE, STRATEGIES, expand_runs
-    from lmsys.model.config import get_config
-
-    check_render_options(format, output)
-    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
-    strategies = list(dict.fromkeys(parse_list(strategy, str, what="--strategy"))) if strategy else list(STRATEGIES)
-    for s in strategies:
-        if s not in STRATEGIES:
-            raise LmsysError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-    bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
-    if any(not mb > 0 or mb == float("inf") for mb in bucket_mbs):
-        raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
-    comm_dtypes = list(dict.fromkeys(parse_list(comm_dtype, str, what="--comm-dtype")))
-    for cd in comm_dtypes:
-        if cd not in COMM_DTYPES:
-            raise LmsysError(f"--comm-dtype must be one of {', '.join(COMM_DTYPES)}, not {cd!r}")
-
-    levers = list(dict.fromkeys(parse_list(lever, str, what="--lever"))) if lever else []
-    for name in levers:
-        if name not in BUCKET_LEVERS:
-            raise LmsysError(f"--lever must be among {', '.join(BUCKET_LEVERS)}, not {name!r}")
-    if levers and "bucketed" not in strategies:
-        raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
-    if nccl_ctas is not None:
-        if nccl_ctas < 1:
-            raise LmsysError(f"--nccl-ctas must be >= 1, got {nccl_ctas}")
-        os.environ["NCCL_MIN_CTAS"] = os.environ["NCCL_MAX_CTAS"] = str(nccl_ctas)  # the ranks inherit it
-
-    backend = launch.resolve_backend(backend)
-    world_sizes = launch.resolve_world_sizes([world_size] if world_size is not None else None)
+    backend = launch.resolve_backend(launch.backend_for_device(device, backend))
+    world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes)
-    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
-    if dtype == "fp16" and "fsdp" in strategies:
-        raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
-    size = size or ("small" if backend == "nccl" else "tiny")
-    if context_length is None:  # an explicit 0 must reach the check below, not become the default
-        context_length = 512 if backend == "nccl" else 128
-    if context_length < 1:
-        raise LmsysError(f"--context-length must be positive, got {context_length}")
-    get_config(size).with_overrides(context_length=context_length)  # a bad size fails here, not on every rank
-
-    runs = expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers)
+    if warning := launch.warn_oversubscription(world_sizes, backend):
+        typer.echo(warning, err=True)
+    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
-    result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=world_sizes[0], backend=backend)
-    if result is None:  # a torchrun worker other than rank 0: rank 0 prints
-        return
-    meta = result["meta"]
-    numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
-    meta["run"] = (f"{backend}, world size {world_sizes[0]}, batch {batch_size} per rank, {numerics}, "
-                   f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
-    if nccl_ctas is not None:
-        meta["run"] += f", NCCL_MIN_CTAS = NCCL_MAX_CTAS = {nccl_ctas}"
-    notes = [
-        "ms/step and phases: medians over the timed steps (rank 0). comm wait: time in "
-        "finish_gradient_synchronization() after backward (torch-ddp and fsdp communicate inside backward).",
-        "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). optim MiB/rank: max over ranks "
-        "of the optimizer's state tensors. tokens/s: all ranks' tokens.",
-        "scaling eff %: 1-process step time at the same per-rank batch / step time (weak scaling, 100 = perfect).",
-        "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
-        "trained on the full batch with the same seed and data.",
-    ]
-    if "torch-ddp" in strategies:
-        notes.append("torch-ddp: torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
-    if "torch-fsdp" in strategies:
-        notes.append("torch-fsdp: torch's FSDP2 fully_shard on each block and the root, parameters in the "
-                     "autocast dtype, gradients reduced in fp32.")
-    if not baseline:
-        notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
-    notes += result.get("notes", [])
-    emit(Report("ddp train", result["rows"], meta, notes), format, output)
+    reports = []
+    for n in world_sizes:  # one torchrun job and one report per world size
+        result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend)
+        if result is None:  # a torchrun worker other than rank 0: rank 0 prints
+            return
+        meta = result["meta"]
+        meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
+                                    warmup=warmup, steps=steps, extra=ctas)
+        notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
+        reports.append(Report(title, result["rows"], meta, notes))
+    emit(reports, format, output)

@@ -23,12 +23,17 @@ def check(
     output: OutputOpt = None,
 ):
     """Compare a FlashAttention-2 implementation with a float64 reference on random awkward shapes (exit 1 if any case fails)."""
+    from lmsys.core.errors import LmsysError
+
+    check_render_options(format, output, device=device)  # before torch is imported
+    if not 0 <= seed < 2**63:  # torch.manual_seed takes a 64-bit seed
+        raise LmsysError(f"--seed must be in 0 .. 2**63-1, got {seed}")
+
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
     from lmsys.kernels import flash_check as lib
 
-    check_render_options(format, output)
     dev = resolve_device(device)
     name = lib.check_impl(impl or lib.default_impl(dev))
     dtypes = parse_list(dtype, lib.check_dtype, what="--dtype") if dtype else lib.device_dtypes(dev)

@@ -9,19 +9,26 @@ import typer
 from lmsys.commands._common import DeviceOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit
 
 
+MAX_STEPS = 1_000_000
+
+
 def precision(
     device: DeviceOpt = "auto",
-    steps: Annotated[int, typer.Option(help="Additions in the accumulation experiment.")] = 1000,
+    steps: Annotated[int, typer.Option(help="Additions in the accumulation experiment (at most 1,000,000: about a minute on a CPU).")] = 1000,
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
     """Show the dtype of every tensor under autocast, and what fp16/bf16 accumulation loses."""
+    from lmsys.core.errors import LmsysError
+
+    check_render_options(format, output, device=device)  # before torch is imported
+    check_counts(steps=(steps, 1))
+    if steps > MAX_STEPS:  # each addition is a Python-level op: 10^6 take about a minute on a CPU
+        raise LmsysError(f"--steps {steps:,} is over the limit of {MAX_STEPS:,} additions")
+
     from lmsys.bench.precision import accumulation_experiment, autocast_walkthrough
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.results import Report
-
-    check_render_options(format, output)
-    check_counts(steps=(steps, 1))
     dev = resolve_device(device)
     walk = Report("autocast: dtype of each tensor (toy model fc1 → ReLU → LayerNorm → fc2)",
                   autocast_walkthrough(dev, ["fp16", "bf16"]), environment(dev))

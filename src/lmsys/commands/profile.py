@@ -194,16 +194,21 @@ def memory(
     output: OutputOpt = None,
 ):
     """Memory timeline PNG with phases and peak, peak per phase, largest allocations, snapshot pickle (CUDA)."""
-    from lmsys.core.results import Report
-    from lmsys.profiling import memory as lib
-
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
 
+    from lmsys.core.errors import LmsysError
+    from lmsys.core.results import Report
+    from lmsys.profiling import memory as lib
+
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
+        try:  # a malformed trace is the user's file to fix; the output folder is made only after this
+            timeline = lib.analyze(data)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration) as exc:
+            raise LmsysError(f"--snapshot: {snapshot} is not a valid memory snapshot "
+                             f"({type(exc).__name__}: {exc})") from None
         _make_out_dir(out_dir)
-        timeline = lib.analyze(data)
         png = lib.render_png(timeline, out_dir / f"{snapshot.stem}.png", title=f"{snapshot.name}: allocated memory")
         meta = {"snapshot": str(snapshot), "device": f"cuda:{timeline.device}",
                 "events": f"{len(timeline.values) - 1} allocations and frees"}

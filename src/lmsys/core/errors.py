@@ -17,3 +17,12 @@ class LmsysError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) reached lmsys: unwind (stopping child processes, removing temporary files),
+    then exit 128 + the signal number. A BaseException, so `except Exception` blocks let it through."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum

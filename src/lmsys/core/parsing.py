@@ -63,3 +63,14 @@ def format_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def check_message_sizes(labels: list[str], nbytes: list[int], dtype: str) -> None:
+    """A message size that is not a whole number of elements of `dtype` is refused (it would be rounded)."""
+    from lmsys.core.errors import LmsysError
+
+    width = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+    for label, n in zip(labels, nbytes):
+        if n % width:
+            raise LmsysError(f"--sizes {label}: {n} bytes is not a whole number of {dtype} elements "
+                             f"({width} bytes each)", hint=f"give a multiple of {width} bytes")

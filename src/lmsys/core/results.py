@@ -181,10 +181,30 @@ def check_output_path(path: str | os.PathLike | None, *, what: str = "--output")
     if target.is_dir():
         raise LmsysError(f"{what}: {target} is a directory; give a file name")
     parent = target.parent
-    if not parent.is_dir():
+    for folder in (parent, *parent.parents):  # the nearest part of the path that exists says what is wrong
+        if folder.exists():
+            break
+    if folder != parent:
+        if not folder.is_dir():
+            raise LmsysError(f"{what}: {folder} is a file, not a directory")
         raise LmsysError(f"{what}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise LmsysError(f"{what}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK):
         raise LmsysError(f"{what}: directory {parent} is not writable")
+    # Permissions do not tell everything (/proc, a read-only mount, root): create the temporary file
+    # write_atomic would use, and remove it.
+    probe = parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        probe.open("x").close()
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise LmsysError(f"{what}: cannot write in {parent} ({exc.strerror or exc})") from None
+    try:
+        probe.unlink()
+    except OSError:
+        pass
 
 
 def check_format(fmt: str) -> str:
@@ -194,10 +214,20 @@ def check_format(fmt: str) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it: the file appears whole or not at all.
+    Any OSError (full disk, read-only file system) is one line, and the temporary file is removed."""
     path = Path(path).expanduser()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise LmsysError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _text(reports: list[Report], fmt: str) -> str:

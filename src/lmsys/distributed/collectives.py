@@ -44,6 +44,24 @@ _CHUNK = 1 << 24  # elements per step when filling/checking large buffers (bound
 _PATTERN = 5  # rank r contributes (i mod 5) + r at index i: small integers, exact in fp16/bf16
 
 
+
+def collective_notes(collective: str, *, baseline: bool) -> list[str]:
+    """The notes under a `comm` table: the bandwidth convention of `collective`, what `correct` and `op` mean."""
+    factor = {"all-reduce": "2(n−1)/n", "all-gather": "(n−1)/n", "reduce-scatter": "(n−1)/n", "broadcast": "1"}
+    notes = [f"algbw = bytes / median time; busbw = algbw · {factor[collective]} (nccl-tests convention for "
+             f"{collective}). GB/s = 10^9 bytes/s."]
+    if collective in ("all-gather", "reduce-scatter"):
+        notes.append("bytes: the full buffer (all ranks' parts together), rounded down to a multiple of the "
+                     "world size; each rank sends or receives bytes / n of it.")
+    if collective == "broadcast":
+        notes.append(f"broadcast from rank {BROADCAST_SRC}.")
+    notes.append("correct: every rank's result equals what the collective must produce from known inputs. "
+                 "op: the torch.distributed call that ran (a fallback where the backend lacks the preferred one).")
+    if baseline:
+        notes.append(f"bare loop: steps back-to-back {collective}s between two synchronisations, time / steps.")
+    return notes
+
+
 def bus_factor(collective: str, n: int) -> float:
     """busbw / algbw for `collective` on n ranks (nccl-tests PERFORMANCE.md)."""
     if collective == "all-reduce":

@@ -21,11 +21,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -84,6 +86,29 @@ def resolve_backend(name: Optional[str]) -> str:
     return name
 
 
+def backend_for_device(device: Optional[str], backend: Optional[str]) -> Optional[str]:
+    """--device as the shared option says it: cpu -> gloo, cuda -> nccl; with --backend too they must agree.
+    'auto' (or None) leaves --backend as given."""
+    if device in (None, "auto"):
+        return backend
+    implied = "gloo" if device == "cpu" else "nccl"
+    if backend not in (None, "auto") and backend != implied:
+        raise LmsysError(f"--device {device} runs {implied}, but --backend {backend} was given",
+                         hint="give one of them (--device cpu = --backend gloo, --device cuda = --backend nccl)")
+    return implied
+
+
+def warn_oversubscription(world_sizes: list[int], backend: str) -> Optional[str]:
+    """One line when gloo ranks outnumber the CPU cores (each gets under one core: times are not
+    bandwidth any more), else None."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    worst = max(world_sizes)
+    if backend == "gloo" and not under_torchrun() and worst > cores:
+        return (f"warning: --world-size {worst} runs {worst} processes on {cores} CPU core(s): "
+                "they share cores, so times measure scheduling as much as communication")
+    return None
+
+
 def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
     """The world sizes to run. Under torchrun only the group's own size is possible."""
     if under_torchrun():
@@ -101,6 +126,7 @@ def check_launch(backend: str, world_sizes: list[int]) -> None:
 
     if backend not in BACKENDS:
         raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked here, in the parent, not once per rank
     for n in world_sizes:
         if n < 1:
             raise LmsysError(f"--world-size must be >= 1, got {n}")
@@ -215,23 +241,124 @@ def child_environment(backend: str, world_size: int) -> dict[str, str]:
 
 
 def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
-    with tempfile.TemporaryDirectory(prefix="lmsys-run-") as tmp:
-        spec_path = Path(tmp) / "spec.json"
-        result_path = Path(tmp) / "result.json"
+    """torchrun in its own process group, its working files (and torchelastic's) in a folder this process
+    owns. Its stderr (torchrun's and the ranks') goes to a log there, so a failure is one line; with
+    LMSYS_DEBUG=1 it streams through. A signal to this process (or an exception) stops the whole group:
+    SIGTERM, then SIGKILL after a grace period; the folder is removed in every case."""
+    timeout_seconds()  # a bad LMSYS_DIST_TIMEOUT_S is one line here, not a torchrun dump per rank
+    tmp = Path(tempfile.mkdtemp(prefix="lmsys-run-"))
+    try:
+        spec_path = tmp / "spec.json"
+        result_path = tmp / "result.json"
+        log_path = tmp / "torchrun.log"
         spec = {"target": target, "kwargs": kwargs, "backend": backend, "result": str(result_path)}
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "lmsys.distributed.launch", TORCHRUN_FLAG, "--standalone",
                f"--nproc-per-node={world_size}", "--monitor-interval=0.1",
                "-m", "lmsys.distributed.launch", str(spec_path)]
-        proc = subprocess.run(cmd, env=child_environment(backend, world_size))
-        if proc.returncode != 0:
-            raise _failure(Path(tmp), proc.returncode, world_size)
+        env = child_environment(backend, world_size)
+        env["TMPDIR"] = str(tmp)  # torchelastic_* (tempfile.mkdtemp) lands here, and goes with it
+        debug = os.environ.get("LMSYS_DEBUG") == "1"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                    stderr=None if debug else log, start_new_session=True)
+            try:
+                returncode = proc.wait()
+            finally:  # normal end: reap stragglers at once; a signal or an exception: stop the group
+                with _signals_held():
+                    stop_group(proc, grace_s=0.0 if proc.returncode is not None else GRACE_S)
+        if returncode != 0:
+            raise _failure(tmp, returncode, world_size, log_path=None if debug else log_path)
         if not result_path.exists():
             raise RankFailedError("the job ended without rank 0 writing its result", rank=0)
         return json.loads(result_path.read_text())
+    finally:
+        with _signals_held():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _failure(tmp: Path, returncode: int, world_size: int) -> Exception:
+@contextmanager
+def _signals_held():
+    """Ignore SIGINT/SIGTERM while the group is stopped and the folder removed (a second Ctrl-C must
+    not abandon the cleanup); the pending exception still ends the command afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+GRACE_S = 4.0  # seconds between SIGTERM and SIGKILL when stopping a torchrun group
+
+
+def stop_group(proc: subprocess.Popen, *, grace_s: float = GRACE_S) -> None:
+    """End torchrun's process group (torchrun and every rank): SIGTERM (ranks exit quietly), then SIGKILL
+    whatever is left after `grace_s`. A no-op for a group that is already gone."""
+    import signal
+
+    pgid = proc.pid  # start_new_session: the group id is torchrun's pid
+    if not _group_alive(pgid):
+        proc.poll()
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(pgid):
+        proc.poll()
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in the group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return not Path("/proc/self/stat").exists()
+
+
+def _log_tail(log_path: Optional[Path]) -> str:
+    """The last line of the captured log that says something (a rank's exception, torchrun's reason)."""
+    if log_path is None or not log_path.exists():
+        return ""
+    lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if not line.startswith(("[rank", "File ", "^", "~", "Traceback", "=", "[W", "[I", "W0", "I0")) \
+                and ("Error" in line or "error" in line or "Killed" in line or "signal" in line):
+            return line[:300]
+    return ""
+
+
+def _failure(tmp: Path, returncode: int, world_size: int, *, log_path: Optional[Path] = None) -> Exception:
     """The first rank's error (by time); a user error comes back as LmsysError. Ranks that left no
     report died silently (a signal, os._exit) or were stopped by torchrun after another rank failed."""
     errors = []
@@ -242,8 +369,10 @@ def _failure(tmp: Path, returncode: int, world_size: int) -> Exception:
             continue
     silent = sorted(set(range(world_size)) - {e["rank"] for e in errors})
     if not errors:
-        return RankFailedError(f"a rank died without reporting an error (torchrun exit code {returncode}); "
-                               "see its output above")
+        tail = _log_tail(log_path)
+        where = (f"; last error in torchrun's log: {tail}" if tail else "") + (
+            "; run with LMSYS_DEBUG=1 to see every rank's output" if log_path is not None else "; see its output above")
+        return RankFailedError(f"a rank died without reporting an error (torchrun exit code {returncode}){where}")
     first = min(errors, key=lambda e: e["time"])
     if first.get("user_error"):
         return LmsysError(first["message"], hint=first.get("hint"))

@@ -34,41 +34,24 @@ from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.model.config import ModelConfig, get_config
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
-COMM_DTYPES = ("fp32", "bf16")
-BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer")
-LEARNING_RATE = 1e-3
+from lmsys.distributed.runs import (BUCKET_LEVERS, COMM_DTYPES, LEARNING_RATE, STRATEGIES, RunSpec,  # noqa: F401
+                                   expand_runs)
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """One row of `ddp train`: a strategy and its knobs."""
+def check_model(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str) -> tuple[str, int]:
+    """The model `ddp train` builds, checked once in the launching process (not on every rank): the
+    default size and context for the backend, the dtype on that device, a bad preset or YAML."""
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.core.errors import LmsysError
 
-    strategy: str
-    bucket_mb: Optional[float] = None  # bucketed only
-    comm_dtype: str = "fp32"  # bucketed only: dtype the gradients travel in
-    lever: Optional[str] = None  # bucketed only: one of BUCKET_LEVERS on top of the plain row
-
-    @property
-    def label(self) -> str:
-        label = self.strategy
-        if self.strategy == "bucketed":
-            label += f" {self.bucket_mb:g} MiB" + (f" {self.comm_dtype} grads" if self.comm_dtype != "fp32" else "")
-            label += f" +{self.lever}" if self.lever else ""
-        return label
-
-
-def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
-                levers: Optional[list[str]] = None) -> list[RunSpec]:
-    """bucketed: a row per comm dtype × cap, then each lever on top of the first comm dtype and cap."""
-    runs = []
-    for s in strategies:
-        if s == "bucketed":
-            runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
-            runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
-        else:
-            runs.append(RunSpec(s))
-    return runs
+    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
+    size = size or ("small" if backend == "nccl" else "tiny")
+    if context_length is None:  # an explicit 0 must reach the check below, not become the default
+        context_length = 512 if backend == "nccl" else 128
+    if context_length < 1:
+        raise LmsysError(f"--context-length must be positive, got {context_length}")
+    get_config(size).with_overrides(context_length=context_length)
+    return size, context_length
 
 
 class BatchSource:

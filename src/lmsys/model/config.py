@@ -7,6 +7,11 @@ from pathlib import Path
 
 from lmsys.core.errors import LmsysError
 
+# Every name `attn_impl` (and `bench e2e --attn`) accepts, torch-free so --help can list them; the same
+# keys as lmsys.kernels.attention.IMPLS (a test keeps the two equal).
+ATTENTION_IMPLS = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
+                   "flash-torch", "flash-triton", "annotated")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -72,6 +77,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 def get_config(name: str) -> ModelConfig:
     """A preset by name, or a YAML file (keys are ModelConfig fields; `preset:` as a base)."""
+    if not isinstance(name, str):
+        raise LmsysError(f"model size must be a preset name or a .yaml path, got {name!r}")
     if name in PRESETS:
         return PRESETS[name]
     if name.endswith((".yaml", ".yml")):
@@ -79,25 +86,47 @@ def get_config(name: str) -> ModelConfig:
     raise LmsysError(f"unknown model size {name!r}; presets: {', '.join(PRESETS)} (or a .yaml file)")
 
 
-def config_from_yaml(path: str | Path) -> ModelConfig:
+def config_from_yaml(path: str | Path, *, _chain: tuple[Path, ...] = ()) -> ModelConfig:
+    """A ModelConfig from a YAML mapping of its fields. `preset:` names a base: a preset, or another
+    YAML file, relative to this file's folder; a chain of files that comes back to itself is an error."""
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise LmsysError(f"model config {path} is a directory, not a .yaml file")
     if not path.is_file():
         raise LmsysError(f"model config file {path} does not exist")
+    resolved = path.resolve()
+    if resolved in _chain:
+        cycle = " -> ".join(p.name for p in (*_chain, resolved))
+        raise LmsysError(f"{path}: `preset:` chain comes back to itself ({cycle})")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LmsysError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LmsysError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     if not isinstance(data, dict):
         raise LmsysError(f"{path}: expected a mapping of ModelConfig fields")
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise LmsysError(f"{path}: keys must be ModelConfig field names, got {', '.join(map(repr, odd))}")
     base = data.pop("preset", None)
     known = {f.name for f in fields(ModelConfig)}
     unknown = set(data) - known
     if unknown:
         raise LmsysError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
     if base is not None:
-        return get_config(str(base)).with_overrides(**data)
+        if not isinstance(base, str):
+            raise LmsysError(f"{path}: `preset:` must be a preset name or a .yaml path, got {base!r}")
+        if base in PRESETS:
+            return PRESETS[base].with_overrides(**data)
+        if base.endswith((".yaml", ".yml")):
+            base_path = Path(base).expanduser()
+            if not base_path.is_absolute():
+                base_path = path.parent / base_path  # relative to the file that names it
+            return config_from_yaml(base_path, _chain=(*_chain, resolved)).with_overrides(**data)
+        raise LmsysError(f"{path}: unknown `preset:` {base!r}; presets: {', '.join(PRESETS)} (or a .yaml file)")
     missing = {"d_model", "d_ff", "num_layers", "num_heads"} - set(data)
     if missing:
         raise LmsysError(f"{path}: missing keys {sorted(missing)} (or give `preset:` as a base)")

@@ -162,6 +162,8 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def load_snapshot(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise LmsysError(f"--snapshot: {path} is a directory; give the snapshot .pickle file")
     if not path.is_file():
         raise LmsysError(f"--snapshot: {path} does not exist")
     try:

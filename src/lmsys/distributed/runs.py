@@ -1,0 +1,111 @@
+"""What `ddp train` runs, decided before any process starts (torch-free, so option errors answer at once):
+the strategies and their knobs (`RunSpec` rows), validated from the command line, and the notes under
+the table."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose, parse_list
+
+STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
+COMM_DTYPES = ("fp32", "bf16")
+BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer")
+LEARNING_RATE = 1e-3
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One row of `ddp train`: a strategy and its knobs."""
+
+    strategy: str
+    bucket_mb: Optional[float] = None  # bucketed only
+    comm_dtype: str = "fp32"  # bucketed only: dtype the gradients travel in
+    lever: Optional[str] = None  # bucketed only: one of BUCKET_LEVERS on top of the plain row
+
+    @property
+    def label(self) -> str:
+        label = self.strategy
+        if self.strategy == "bucketed":
+            label += f" {self.bucket_mb:g} MiB" + (f" {self.comm_dtype} grads" if self.comm_dtype != "fp32" else "")
+            label += f" +{self.lever}" if self.lever else ""
+        return label
+
+
+def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
+                levers: Optional[list[str]] = None) -> list[RunSpec]:
+    """bucketed: a row per comm dtype × cap, then each lever on top of the first comm dtype and cap."""
+    runs = []
+    for s in strategies:
+        if s == "bucketed":
+            runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
+            runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
+        else:
+            runs.append(RunSpec(s))
+    return runs
+
+
+def _unique(value, what: str, choices: tuple[str, ...]) -> list[str]:
+    items = list(dict.fromkeys(parse_list(value, str, what=what)))
+    for item in items:
+        choose(item, choices, what=what)
+    return items
+
+
+def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, dtype: str) -> list[RunSpec]:
+    """The command line's strategy options -> the rows to run (every value checked, one-line errors)."""
+    strategies = _unique(strategy, "--strategy", STRATEGIES) if strategy else list(STRATEGIES)
+    bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
+    if any(not mb > 0 or mb == float("inf") for mb in bucket_mbs):
+        raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
+    comm_dtypes = _unique(comm_dtype, "--comm-dtype", COMM_DTYPES)
+    levers = _unique(lever, "--lever", BUCKET_LEVERS) if lever else []
+    if levers and "bucketed" not in strategies:
+        raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
+    if dtype == "fp16" and "fsdp" in strategies:
+        raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
+    return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers)
+
+
+def set_nccl_ctas(ctas: Optional[int]) -> Optional[str]:
+    """NCCL_MIN_CTAS = NCCL_MAX_CTAS = ctas in this process's environment (the ranks inherit it); the
+    words for the run line, or None."""
+    if ctas is None:
+        return None
+    if ctas < 1:
+        raise LmsysError(f"--nccl-ctas must be >= 1, got {ctas}")
+    os.environ["NCCL_MIN_CTAS"] = os.environ["NCCL_MAX_CTAS"] = str(ctas)
+    return f"NCCL_MIN_CTAS = NCCL_MAX_CTAS = {ctas}"
+
+
+def run_line(*, backend: str, world_size: int, batch_size: int, dtype: str, warmup: int, steps: int,
+             extra: Optional[str] = None) -> str:
+    numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
+    line = (f"{backend}, world size {world_size}, batch {batch_size} per rank, {numerics}, "
+            f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
+    return line + (f", {extra}" if extra else "")
+
+
+def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
+    """The notes under a `ddp train` table: what each column means and what the baselines are."""
+    strategies = {r.strategy for r in runs}
+    notes = [
+        "ms/step and phases: medians over the timed steps (rank 0). comm wait: time in "
+        "finish_gradient_synchronization() after backward (torch-ddp and fsdp communicate inside backward).",
+        "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). optim MiB/rank: max over ranks "
+        "of the optimizer's state tensors. tokens/s: all ranks' tokens.",
+        "scaling eff %: 1-process step time at the same per-rank batch / step time (weak scaling, 100 = perfect).",
+        "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
+        "trained on the full batch with the same seed and data.",
+    ]
+    if "torch-ddp" in strategies:
+        notes.append("torch-ddp: torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
+    if "torch-fsdp" in strategies:
+        notes.append("torch-fsdp: torch's FSDP2 fully_shard on each block and the root, parameters in the "
+                     "autocast dtype, gradients reduced in fp32.")
+    if not baseline:
+        notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
+    return notes
