@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from lmsys.bench import MODES
-from lmsys.bench.step import Workload
+from lmsys.train import MODES
+from lmsys.train.step import Workload
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import mfu, model_flops
 from lmsys.core.parsing import MiB
@@ -172,7 +172,7 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
 
 
 def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
-    from lmsys.bench.step import build_train_step, random_batch, tf32_matmuls
+    from lmsys.train.step import build_train_step, random_batch, tf32_matmuls
     from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
 
     cfg = workload.config

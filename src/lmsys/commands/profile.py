@@ -117,7 +117,7 @@ def nsys(
                                     warmup=warmup, steps=steps, device=str(dev), out_dir=out_dir, name=base,
                                     trace=trace, extra=extra)
     else:
-        from lmsys.bench.step import Workload
+        from lmsys.train.step import Workload
         from lmsys.profiling import torch_engine
 
         prof = torch_engine.profile_e2e(Workload(cfg, batch_size=batch_size, dtype=dtype), dev, mode=mode,
@@ -211,7 +211,7 @@ def memory(
         _say(f"timeline: {png}")
         return
 
-    from lmsys.bench.step import Workload
+    from lmsys.train.step import Workload
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.parsing import parse_int_list
     from lmsys.profiling.phases import check_mode

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from lmsys.bench.e2e import describe
-from lmsys.bench.step import TrainStep
+from lmsys.train.step import TrainStep
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize

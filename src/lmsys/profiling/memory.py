@@ -86,7 +86,7 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
     """Record `steps` steps of `mode` (model construction included) and return the snapshot."""
     import torch
 
-    from lmsys.bench.step import build_train_step, random_batch
+    from lmsys.train.step import build_train_step, random_batch
     from lmsys.core.devices import free_memory, is_oom
 
     check_cuda(device)

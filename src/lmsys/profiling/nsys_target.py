@@ -17,7 +17,7 @@ from pathlib import Path
 def run(spec: dict) -> None:
     import torch
 
-    from lmsys.bench.step import Workload, build_train_step, random_batch
+    from lmsys.train.step import Workload, build_train_step, random_batch
     from lmsys.core.devices import resolve_device
     from lmsys.core.timing import synchronize
     from lmsys.model.config import ModelConfig

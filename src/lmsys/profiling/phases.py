@@ -1,6 +1,6 @@
 """The phases every profiler marks, and one training step run inside a caller's ranges.
 
-The step (`lmsys.bench.step.TrainStep`) knows nothing of who watches it. The profilers pass a
+The step (`lmsys.train.step.TrainStep`) knows nothing of who watches it. The profilers pass a
 `range_fn(name) -> context manager`: NVTX ranges for nsys, record_function for torch.profiler,
 allocator markers for the memory profiler. Warm-up steps run under WARMUP (or outside any capture).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager
 
-from lmsys.bench import MODES
+from lmsys.train import MODES
 from lmsys.core.errors import LmsysError
 
 FWD_STEP = "FWD_STEP"
