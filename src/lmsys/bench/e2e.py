@@ -172,7 +172,7 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
 
 
 def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
-    from lmsys.train.step import build_train_step, random_batch, tf32_matmuls
+    from lmsys.train.step import build_train_step, random_batch, run_step, tf32_matmuls
     from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
 
     cfg = workload.config
@@ -182,26 +182,20 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
         peak = peak_tflops(device, workload.dtype)
         for mode in modes:
             for _ in range(warmup):
-                step.run(inputs, targets, mode)
+                run_step(step, inputs, targets, mode=mode)
             synchronize(device)
             timer = RegionTimer(device)
-            peak_fwd = peak_step = None
+            peaks = {"fwd": None, "step": None}
+
+            def record(key):
+                peaks[key] = _max(peaks[key], peak_memory(device))
+
             for _ in range(steps):
-                step.zero_grad()
-                reset_peak_memory(device)
-                with timer.region("step"):
-                    with timer.region("forward"):
-                        loss = step.forward(inputs, targets)
-                    peak_fwd = _max(peak_fwd, peak_memory(device))
-                    if mode != "fwd":
-                        with timer.region("backward"):
-                            step.backward(loss)
-                    if mode == "train":
-                        with timer.region("optimizer"):
-                            step.optimizer_step()
-                last_loss = loss.detach()
-                del loss
-                peak_step = _max(peak_step, peak_memory(device))
+                last_loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region,
+                                     before=lambda: reset_peak_memory(device),
+                                     after_forward=lambda: record("fwd"))
+                record("step")
+            peak_fwd, peak_step = peaks["fwd"], peaks["step"]
             stats = timer.stats()
             step_ms = stats["step"].mean
             flops = model_flops(cfg, batch_size=workload.batch_size, seq_len=cfg.context_length,

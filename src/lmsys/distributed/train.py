@@ -19,7 +19,6 @@ per-rank batch, 100 % is perfect) and parity.
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from lmsys.bench.e2e import describe
-from lmsys.train.step import TrainStep
+from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -135,28 +134,12 @@ def make_optimizer(params, *, sharded: bool) -> torch.optim.Optimizer:
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer)."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    start = getattr(model, "on_train_batch_start", None)
     timer = RegionTimer(device)
-
-    def region(name, timed):
-        return timer.region(name) if timed else nullcontext()
-
+    names = {**TIMER_NAMES, "after_backward": "comm wait"}
     for i, (inputs, targets) in enumerate(batches):
-        timed = i >= warmup
-        if start is not None:
-            start()
-        with region("step", timed):
-            with region("forward", timed):
-                loss = step.forward(inputs, targets)
-            with region("backward", timed):
-                step.backward(loss)
-            if finish is not None:
-                with region("comm wait", timed):
-                    finish()
-            with region("optimizer", timed):
-                step.optimizer_step()
-        del loss
+        run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
+                 before=getattr(model, "on_train_batch_start", None),
+                 after_backward=getattr(model, "finish_gradient_synchronization", None))
     synchronize(device)
     return timer
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import MiB, format_bytes
-from lmsys.profiling.phases import BWD_STEP, FWD_STEP, OPTIM_STEP, run_step
+from lmsys.profiling.phases import BWD_STEP, FWD_STEP, OPTIM_STEP, PROFILER_NAMES
 
 MARK_PREFIX = "lmsys_phase_"
 MARK_BYTES = 512
@@ -86,7 +86,7 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
     """Record `steps` steps of `mode` (model construction included) and return the snapshot."""
     import torch
 
-    from lmsys.train.step import build_train_step, random_batch
+    from lmsys.train.step import build_train_step, random_batch, run_step
     from lmsys.core.devices import free_memory, is_oom
 
     check_cuda(device)
@@ -123,7 +123,7 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
             step = build_train_step(workload, device)
             inputs, targets = random_batch(workload, device)
             for _ in range(steps):
-                run_step(step, inputs, targets, mode=mode, range_fn=phase_range)
+                run_step(step, inputs, targets, mode=mode, range_fn=phase_range, names=PROFILER_NAMES)
             boundary(END)
         except Exception as exc:  # noqa: BLE001 - an OOM is a result here; anything else is re-raised
             if not is_oom(exc):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Callable, ContextManager, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -130,15 +131,56 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, inputs, targets, mode: str = "train") -> torch.Tensor:
-        """One whole step of `mode` (used for warm-up and by tools that do not split phases)."""
-        if mode == "fwd":
-            return self.forward(inputs, targets)
-        self.zero_grad()
-        loss = self.forward(inputs, targets)
-        self.backward(loss)
+        """One whole step of `mode` outside any range (warm-up; tools that do not split phases)."""
+        return run_step(self, inputs, targets, mode=mode)
+
+
+# ----------------------------------------------------------------------------- the one step runner
+
+RangeFn = Callable[[str], ContextManager]
+
+# The timer regions of `bench e2e` and `ddp train` (their row columns); the profilers pass their own
+# names (lmsys.profiling.phases.PROFILER_NAMES). A part without a name runs outside any range.
+TIMER_NAMES = {"step": "step", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+
+
+def no_range(_name: str) -> ContextManager:
+    return nullcontext()
+
+
+def run_step(step, inputs, targets, *, mode: str = "train", range_fn: RangeFn = no_range,
+             names: Mapping[str, str] = TIMER_NAMES, before: Callable[[], None] | None = None,
+             after_forward: Callable[[], None] | None = None,
+             after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+    """One training step of `mode` (fwd | fwd-bwd | train), each part inside `range_fn(names[part])`.
+
+    Outside any range: gradients are cleared, then `before()` runs (a DDP wrapper's batch-start hook,
+    a peak-memory reset). Inside `names["step"]`: forward, `after_forward()`, backward, `after_backward()`
+    in `names["after_backward"]` (the DDP comm wait) and the optimizer, each in its own range. Returns
+    the detached loss; the graph is dropped before the function returns."""
+
+    def part(name):
+        key = names.get(name)
+        return nullcontext() if key is None else range_fn(key)
+
+    step.zero_grad()
+    if before is not None:
+        before()
+    with part("step"):
+        with part("forward"):
+            loss = step.forward(inputs, targets)
+        if after_forward is not None:
+            after_forward()
+        if mode != "fwd":
+            with part("backward"):
+                step.backward(loss)
+            if after_backward is not None:
+                with part("after_backward"):
+                    after_backward()
         if mode == "train":
-            self.optimizer_step()
-        return loss
+            with part("optimizer"):
+                step.optimizer_step()
+    return loss.detach()
 
 
 def lm_loss(model: TransformerLM, inputs, targets, *, fused_ce: bool) -> torch.Tensor:
