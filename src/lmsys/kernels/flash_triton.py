@@ -36,7 +36,7 @@ import triton.language as tl
 
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import triton_interpreted
-from lmsys.kernels.attention import check_qkv
+from lmsys.kernels.shapes import check_qkv
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP32_HEAD_DIMS = (16, 32, 64, 128)  # d 256 in fp32: no tile fits in shared memory (seen on an H200)
