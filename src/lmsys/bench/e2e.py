@@ -14,10 +14,11 @@ from typing import Iterator
 from lmsys.train import MODES
 from lmsys.train.step import Workload
 from lmsys.core.errors import LmsysError
-from lmsys.core.flops import mfu, model_flops
-from lmsys.core.parsing import MiB
+from lmsys.core.flops import MFU_NOTE, mfu, model_flops
+from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
+from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 
 MODE_CHOICES = (*MODES, "all")
@@ -68,10 +69,8 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
                  optimizer: str, master_weights: bool, fused_ce: str, tf32: bool) -> dict:
     """The command line's switches -> Workload fields (plus `attn_impl`): `--fast` first, then each
     explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off'."""
-    if fused_ce not in ("auto", "on", "off"):
-        raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
-    if optimizer not in ("auto", "adamw", "adamw-fused"):
-        raise LmsysError(f"--optimizer must be auto, adamw or adamw-fused, not {optimizer!r}")
+    choose(fused_ce, ("auto", "on", "off"), what="--fused-ce")
+    choose(optimizer, ("auto", "adamw", "adamw-fused"), what="--optimizer")
     options = fast_path(device, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
     if attn is not None:
         options["attn_impl"] = attn
@@ -105,14 +104,33 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
 
 
 def expand_modes(mode: str) -> list[str]:
-    if mode not in MODE_CHOICES:
-        raise LmsysError(f"--mode must be one of {', '.join(MODE_CHOICES)}, not {mode!r}")
+    choose(mode, MODE_CHOICES, what="--mode")
     return list(MODES) if mode == "all" else [mode]
 
 
-def describe(cfg: ModelConfig) -> str:
-    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
-            f"vocab {cfg.vocab_size}, context {cfg.context_length}")
+def numerics(workload: Workload) -> str:
+    """How the step computes: fp32, autocast over fp32 weights (grad-scaled for fp16), or bf16 weights."""
+    dtype = workload.dtype
+    if dtype == "fp32":
+        return "fp32"
+    if workload.master_weights:
+        return f"{dtype} weights + fp32 master"
+    return f"{dtype} autocast, fp32 weights" + (", grad scaler" if dtype == "fp16" else "")
+
+
+def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: list[tuple[str, Workload]], *,
+                 warmup: int, steps: int, compare: bool) -> tuple[dict, list[str]]:
+    """The meta lines and notes of a `bench e2e` report (added to `meta`, the environment)."""
+    workload = workloads[0][1]
+    meta.update({name: describe(cfg) for name, cfg in configs})
+    meta["run"] = f"batch {workload.batch_size}, {numerics(workload)}, warmup {warmup}, steps {steps}"
+    meta["lmsys path"] = workload.describe()
+    notes = [MFU_NOTE + (" (TF32 peak where TF32 is on)." if workload.tf32 else ".")]
+    if compare:
+        meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
+        meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
+        notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
+    return meta, notes
 
 
 def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: int, steps: int, device,

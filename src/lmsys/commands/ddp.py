@@ -33,7 +33,7 @@ def train(
 
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import parse_list
+    from lmsys.core.parsing import choose, parse_list
     from lmsys.core.results import Report
     from lmsys.distributed import launch
     from lmsys.distributed.train import COMM_DTYPES, LEARNING_RATE, STRATEGIES, expand_runs
@@ -43,15 +43,13 @@ def train(
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     strategies = list(dict.fromkeys(parse_list(strategy, str, what="--strategy"))) if strategy else list(STRATEGIES)
     for s in strategies:
-        if s not in STRATEGIES:
-            raise LmsysError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+        choose(s, STRATEGIES, what="--strategy")
     bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
     if any(not mb > 0 or mb == float("inf") for mb in bucket_mbs):
         raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
     comm_dtypes = list(dict.fromkeys(parse_list(comm_dtype, str, what="--comm-dtype")))
     for cd in comm_dtypes:
-        if cd not in COMM_DTYPES:
-            raise LmsysError(f"--comm-dtype must be one of {', '.join(COMM_DTYPES)}, not {cd!r}")
+        choose(cd, COMM_DTYPES, what="--comm-dtype")
 
     backend = launch.resolve_backend(backend)
     world_sizes = launch.resolve_world_sizes([world_size] if world_size is not None else None)

@@ -6,6 +6,7 @@ import platform
 from typing import Any
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
@@ -24,7 +25,7 @@ def resolve_device(name: str = "auto"):
     import torch
 
     if name not in DEVICE_CHOICES and not name.startswith("cuda:"):
-        raise LmsysError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
+        choose(name, DEVICE_CHOICES, what="--device")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
@@ -40,10 +41,8 @@ def resolve_device(name: str = "auto"):
 def torch_dtype(name: str):
     import torch
 
-    table = dict(zip(DTYPE_CHOICES, (torch.float32, torch.bfloat16, torch.float16)))
-    if name not in table:
-        raise LmsysError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {name!r}")
-    return table[name]
+    table = dict(zip(DTYPE_CHOICES, (torch.float32, torch.bfloat16, torch.float16)))  # the one dtype table
+    return table[choose(name, DTYPE_CHOICES, what="--dtype")]
 
 
 def check_dtype_for_device(dtype: str, device) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0
@@ -74,9 +75,7 @@ def resolve_backend(name: Optional[str]) -> str:
 
     if name is None or name == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
-    if name not in BACKENDS:
-        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {name!r}")
-    return name
+    return choose(name, BACKENDS, what="--backend")
 
 
 def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
@@ -94,8 +93,7 @@ def check_launch(backend: str, world_sizes: list[int]) -> None:
     """User errors before anything starts: nccl needs CUDA and one GPU per local rank."""
     import torch
 
-    if backend not in BACKENDS:
-        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    choose(backend, BACKENDS, what="--backend")
     for n in world_sizes:
         if n < 1:
             raise LmsysError(f"--world-size must be >= 1, got {n}")

@@ -25,12 +25,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.bench.e2e import describe
 from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
+from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp")

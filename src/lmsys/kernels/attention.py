@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 from lmsys.kernels.registry import IMPLS
 
 
@@ -88,8 +88,7 @@ IMPLS.update({
 
 def check_impl(name: str, *, d_head: int | None = None) -> str:
     """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
-    if name not in IMPLS:
-        raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
+    choose(name, IMPLS, what="attention implementation")
     if name == "flash-triton" and d_head is not None:
         from lmsys.kernels.flash_triton import check_head_dim
 

@@ -16,13 +16,14 @@ from typing import Iterator
 
 import torch
 
+from lmsys.core.devices import DTYPE_CHOICES, torch_dtype
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 from lmsys.kernels import triton_interpreted
+from lmsys.kernels.flash_triton import FP32_HEAD_DIMS, HEAD_DIMS  # the head dims checked: the kernels' own
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
-HEAD_DIMS = (16, 32, 64, 128, 256)
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
 
 
@@ -63,27 +64,25 @@ def default_impl(device) -> str:
 
 
 def check_dtype(name: str) -> str:
-    if name not in DTYPES:
-        raise LmsysError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
-    return name
+    return choose(name, DTYPE_CHOICES, what="--dtype")
 
 
 def device_dtypes(device) -> list[str]:
     """Every dtype the implementations run on this device (bf16 only where the GPU has it)."""
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return ["fp32", "fp16"]
-    return list(DTYPES)
+    return list(DTYPE_CHOICES)
 
 
 def check_impl(impl: str) -> str:
-    if impl not in FLASH_IMPLS:
-        raise LmsysError(f"--impl must be one of {', '.join(FLASH_IMPLS)}, not {impl!r}")
-    return impl
+    return choose(impl, FLASH_IMPLS, what="--impl")
 
 
 def supported(impl: str, d: int, dtype: str) -> bool:
-    """flash-triton takes head dim 256 in fp16/bf16 only; flash-torch takes everything."""
-    return not (impl == "flash-triton" and dtype == "fp32" and d > 128)
+    """The kernels' own tables: flash-triton's head dims (narrower in fp32); flash-torch takes everything."""
+    if impl != "flash-triton":
+        return True
+    return d in (FP32_HEAD_DIMS if dtype == "fp32" else HEAD_DIMS)
 
 
 def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
@@ -137,7 +136,7 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         from lmsys.kernels import flash_triton
     for i, case in enumerate(cases):
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
-        dtype = DTYPES[case.dtype]
+        dtype = torch_dtype(case.dtype)
 
         def draw(n: int) -> torch.Tensor:
             return torch.randn(*case.lead, n, case.d, generator=gen).to(dtype)

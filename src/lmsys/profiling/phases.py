@@ -9,7 +9,7 @@ range around the whole step. Warm-up steps run under WARMUP (or outside any capt
 from __future__ import annotations
 
 from lmsys.train import MODES
-from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 
 FWD_STEP = "FWD_STEP"
 BWD_STEP = "BWD_STEP"
@@ -20,6 +20,4 @@ PROFILER_NAMES = {"forward": FWD_STEP, "backward": BWD_STEP, "optimizer": OPTIM_
 
 
 def check_mode(mode: str, allowed: tuple[str, ...] = MODES) -> str:
-    if mode not in allowed:
-        raise LmsysError(f"--mode must be one of {' | '.join(allowed)}, not {mode!r}")
-    return mode
+    return choose(mode, allowed, what="--mode")

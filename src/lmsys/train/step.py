@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lmsys.core.devices import torch_dtype
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 from lmsys.model.config import ModelConfig
 from lmsys.model.transformer import TransformerLM
 
@@ -46,10 +47,8 @@ class Workload:
     lr: float = 1e-4
 
     def __post_init__(self):
-        if self.compile not in COMPILE_CHOICES:
-            raise LmsysError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {self.compile!r}")
-        if self.optimizer not in OPTIMIZER_CHOICES:
-            raise LmsysError(f"--optimizer must be one of {', '.join(OPTIMIZER_CHOICES)}, not {self.optimizer!r}")
+        choose(self.compile, COMPILE_CHOICES, what="compile")
+        choose(self.optimizer, OPTIMIZER_CHOICES, what="--optimizer")
         torch_dtype(self.dtype)
         if self.master_weights and self.dtype != "bf16":
             raise LmsysError("--master-weights keeps bf16 weights with fp32 master copies: use it with --dtype bf16")
