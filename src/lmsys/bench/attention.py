@@ -122,7 +122,7 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
                             row = {**key, **_measure(impl, batch, heads, d, seq, sweep, device)}
                         except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
                             if is_oom(exc):
-                                row = {**key, "status": "oom"}
+                                row = {**key, "status": "OOM"}
                             elif _unavailable(exc):
                                 row = {**key, "status": "unsupported"}
                             else:

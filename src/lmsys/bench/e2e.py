@@ -225,7 +225,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                 "forward ms": _cell(stats.get("forward")),
                 "backward ms": _cell(stats.get("backward")),
                 "optimizer ms": _cell(stats.get("optimizer")),
-                "step ms": _cell(stats["step"]),
+                "ms/step": _cell(stats["step"]),
                 "tokens/s": workload.tokens / (step_ms * 1e-3),
                 "MFU %": None if util is None else 100 * util,
                 "peak fwd MiB": None if peak_fwd is None else peak_fwd / MiB,
@@ -237,9 +237,9 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
 
 def _add_speedups(group: list[dict], references: list[dict]) -> None:
     """× over the plain references: their step time divided by this row's, mode by mode."""
-    ref_ms = {(r["path"], r["mode"]): r["step ms"].mean for r in references if r["status"] == "ok"}
+    ref_ms = {(r["path"], r["mode"]): r["ms/step"].mean for r in references if r["status"] == "ok"}
     for r in group:
-        mine = r["step ms"].mean if r["status"] == "ok" else None
+        mine = r["ms/step"].mean if r["status"] == "ok" else None
         for ref, col in ((PLAIN_EAGER, "× vs eager"), (PLAIN_COMPILED, "× vs compiled")):
             base = ref_ms.get((ref, r["mode"]))
             r[col] = base / mine if (base and mine) else None

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
+from lmsys.core.results import write_atomic
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0
@@ -256,10 +257,7 @@ def worker_main(argv: list[str]) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the worker exits
         record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
                   "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None)}
-        error_path = Path(f"{spec['result']}.rank{rank}.error")
-        tmp_path = error_path.with_name(error_path.name + ".tmp")
-        tmp_path.write_text(json.dumps(record))
-        os.replace(tmp_path, error_path)
+        write_atomic(f"{spec['result']}.rank{rank}.error", json.dumps(record))
         if isinstance(exc, LmsysError):
             print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
         else:
@@ -267,10 +265,7 @@ def worker_main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(1)  # no process-group teardown: it could wait on the ranks that are gone
     if rank == 0:
-        path = Path(spec["result"])
-        tmp_path = path.with_name(path.name + ".tmp")
-        tmp_path.write_text(json.dumps(result))
-        os.replace(tmp_path, path)
+        write_atomic(spec["result"], json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
+from lmsys.train.step import TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -122,15 +122,6 @@ def build_model(config: ModelConfig, *, device, seed: int):
     return TransformerLM(config, device=device)
 
 
-def make_optimizer(params, *, sharded: bool) -> torch.optim.Optimizer:
-    kwargs = dict(lr=LEARNING_RATE, weight_decay=0.01)
-    if sharded:
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
-
-        return ShardedOptimizer(params, torch.optim.AdamW, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
-
-
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer)."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
@@ -149,7 +140,7 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), sharded=False)
+    optimizer = make_optimizer(model.parameters(), lr=LEARNING_RATE)
     timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
     peak = peak_memory(device)
     pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
@@ -172,7 +163,7 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
     model = build_model(config, device=ctx.device, seed=seed)
     wrapped = wrap_model(model, spec, ctx, dtype=dtype)
     sharded = shard_optimizer and spec.strategy != "fsdp"
-    optimizer = make_optimizer(wrapped.parameters(), sharded=sharded)
+    optimizer = make_optimizer(wrapped.parameters(), lr=LEARNING_RATE, sharded=sharded)
     timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup)
     peak = _max_over_ranks(ctx, peak_memory(ctx.device))
     final = final_parameters(wrapped, spec)

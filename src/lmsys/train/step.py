@@ -221,18 +221,27 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
 
     if workload.compile == "model":
         loss_fn = torch.compile(loss_fn, mode=compile_mode)
-    optimizer = make_optimizer(workload, model.parameters(), device)
+    optimizer = make_optimizer(model.parameters(), lr=workload.lr, kind=workload.optimizer,
+                               master_weights=workload.master_weights)
     return TrainStep(model, optimizer, device=device, dtype=workload.dtype, loss_fn=loss_fn,
                      autocast=not workload.master_weights)
 
 
-def make_optimizer(workload: Workload, params, device) -> torch.optim.Optimizer:
-    kw = dict(lr=workload.lr, weight_decay=0.01)
-    if workload.master_weights:
+def make_optimizer(params, *, lr: float, kind: str = "adamw", master_weights: bool = False,
+                   sharded: bool = False) -> torch.optim.Optimizer:
+    """The one AdamW (weight decay 0.01) every tool trains with: foreach or fused (`kind`), the Triton
+    master-weight AdamW for bf16 weights, or ZeRO-1 sharded over the process group (`sharded`)."""
+    kw = dict(lr=lr, weight_decay=0.01)
+    choose(kind, OPTIMIZER_CHOICES, what="--optimizer")
+    if sharded:
+        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+
+        return ShardedOptimizer(params, torch.optim.AdamW, **kw)
+    if master_weights:
         from lmsys.kernels.adamw import MasterWeightAdamW
 
         return MasterWeightAdamW(params, **kw)
-    if workload.optimizer == "adamw-fused":
+    if kind == "adamw-fused":
         return torch.optim.AdamW(params, fused=True, **kw)
     return torch.optim.AdamW(params, **kw)
 
