@@ -197,7 +197,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
     with tf32_matmuls(workload.tf32):
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
-        peak = peak_tflops(device, workload.dtype)
+        peak = peak_tflops(device, workload.dtype, tf32=workload.tf32)
         for mode in modes:
             for _ in range(warmup):
                 run_step(step, inputs, targets, mode=mode)

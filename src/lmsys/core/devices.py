@@ -84,19 +84,29 @@ def environment(device) -> dict[str, Any]:
     return info
 
 
-def peak_tflops(device, dtype: str) -> float | None:
-    """Peak dense TFLOP/s for MFU, or None when the GPU is not in the table (or on the CPU)."""
+def gpu_name(device) -> str | None:
+    """The GPU's name (what the peak table is keyed by), or None off a GPU."""
     import torch
 
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def peak_tflops_for(name: str | None, dtype: str, *, tf32: bool) -> float | None:
+    """Peak dense TFLOP/s of the GPU called `name` for `dtype` (fp32 with TF32 on: the TF32 rate), or
+    None for an unknown GPU or no GPU."""
     for key, rates in PEAK_TFLOPS.items():
-        if key in name:
-            if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
-                return rates["tf32"]
-            return rates.get(dtype)
+        if name is not None and key in name:
+            return rates["tf32"] if (dtype == "fp32" and tf32) else rates.get(dtype)
     return None
+
+
+def peak_tflops(device, dtype: str, *, tf32: bool | None = None) -> float | None:
+    """Peak dense TFLOP/s for MFU on `device`; `tf32` defaults to torch's current matmul setting."""
+    import torch
+
+    if tf32 is None:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    return peak_tflops_for(gpu_name(device), dtype, tf32=tf32)
 
 
 # ---------------------------------------------------------------------------------------------- memory
