@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from lmsys.kernels.attention import attention
@@ -70,12 +71,11 @@ class CausalSelfAttention(nn.Module):
         self.output_proj = Linear(config.d_model, config.d_model, **kw)
 
     def forward(self, x, cos, sin):
-        B, S, D = x.shape
-        qkv = self.qkv_proj(x).view(B, S, 3, self.num_heads, D // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, d_head]
+        qkv = rearrange(self.qkv_proj(x), "b s (three h d) -> three b h s d", three=3, h=self.num_heads)
+        q, k, v = qkv.unbind(0)  # each [B, H, S, d_head]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H, S, d_head]
-        return self.output_proj(out.transpose(1, 2).reshape(B, S, D))
+        return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
 
 
 class SwiGLU(nn.Module):
