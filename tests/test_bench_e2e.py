@@ -21,12 +21,12 @@ def test_e2e_json_rows_for_every_mode(lmsys, tmp_path):
     assert rows["fwd-bwd"]["optimizer ms"] is None
     train = rows["train"]
     assert train["status"] == "ok" and train["params"] == 3_084_928
-    for col in ("forward ms", "backward ms", "optimizer ms", "step ms"):
+    for col in ("forward ms", "backward ms", "optimizer ms", "ms/step"):
         assert train[col]["mean"] > 0
     # The step contains its phases.
     phases = sum(train[c]["mean"] for c in ("forward ms", "backward ms", "optimizer ms"))
-    assert train["step ms"]["mean"] >= 0.95 * phases
-    assert train["tokens/s"] == pytest.approx(4 * 32 / (train["step ms"]["mean"] / 1e3))
+    assert train["ms/step"]["mean"] >= 0.95 * phases
+    assert train["tokens/s"] == pytest.approx(4 * 32 / (train["ms/step"]["mean"] / 1e3))
 
 
 def test_e2e_default_on_cpu_is_tiny_with_warmup_zero_and_overrides(lmsys):
@@ -68,7 +68,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
     assert paths == [("plain eager", "none"), ("plain compiled", "none"), ("lmsys", "none"), ("lmsys", "block")]
     eager, compiled, fast, _ = doc["rows"]
     assert eager["× vs eager"] == pytest.approx(1.0)
-    assert fast["× vs compiled"] == pytest.approx(compiled["step ms"]["mean"] / fast["step ms"]["mean"])
+    assert fast["× vs compiled"] == pytest.approx(compiled["ms/step"]["mean"] / fast["ms/step"]["mean"])
     # Same seed, same data: every path starts from the same weights and sees the same batch.
     assert fast["loss"] == pytest.approx(eager["loss"], rel=1e-3)
     assert "sdpa" in doc["meta"]["lmsys path"] and "torch.compile" in doc["meta"]["plain compiled"]
@@ -80,7 +80,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
     (("--dtype", "fp16", "--device", "cpu"), "fp16 needs a CUDA GPU"),
     (("--dtype", "fp8"), "--dtype must be one of"),
     (("--mode", "sideways"), "--mode must be one of"),
-    (("--attn", "magic"), "unknown attention implementation"),
+    (("--attn", "magic"), "attention implementation must be one of"),
     (("--format", "xml"), "--format must be one of"),
     (("--output", "/nonexistent/dir/x.md"), "does not exist"),
     (("--steps", "0"), "--steps must be >= 1, got 0"),

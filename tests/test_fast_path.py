@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lmsys.bench.step import Workload, build_train_step, random_batch
+from lmsys.train.step import Workload, build_train_step, random_batch
 from lmsys.model import ModelConfig
 
 CFG = ModelConfig(d_model=64, d_ff=128, num_layers=3, num_heads=4, vocab_size=256, context_length=32)

@@ -57,7 +57,7 @@ def one_step_snapshot(*, completions=True, preexisting=0):
     t.free(act, 300)
     t.mark(OPTIM_STEP)
     state = t.alloc(2000, frames("_init_group", filename="/site-packages/torch/optim/adamw.py"))
-    tmp = t.alloc(700, frames("optimizer_step", filename="/src/lmsys/bench/step.py", line=70))
+    tmp = t.alloc(700, frames("optimizer_step", filename="/src/lmsys/train/step.py", line=70))
     t.free(tmp, 700)
     t.free(grad, 1000)
     t.mark("END")
@@ -161,7 +161,7 @@ def test_live_run_without_cuda_is_one_line_exit_2(lmsys):
 
 @pytest.mark.gpu
 def test_live_capture_on_cuda_matches_the_allocator(tmp_path):
-    from lmsys.bench.step import Workload
+    from lmsys.train.step import Workload
     from lmsys.model.config import PRESETS
 
     dev = torch.device("cuda")

@@ -7,7 +7,7 @@ import torch
 
 from lmsys.kernels.attention import IMPLS, attention
 from lmsys.profiling import nvtx
-from lmsys.profiling.phases import run_step
+from lmsys.profiling.phases import PROFILER_NAMES
 
 
 def reference_attention(q, k, v, is_causal):
@@ -80,7 +80,7 @@ def test_annotated_is_registered_and_marks_its_three_parts_for_torch_profiler():
 
 
 def test_run_step_opens_the_phase_ranges_of_each_mode():
-    from lmsys.bench.step import Workload, build_train_step, random_batch
+    from lmsys.train.step import Workload, build_train_step, random_batch, run_step
     from lmsys.model.config import PRESETS
 
     cfg = PRESETS["tiny"].with_overrides(context_length=16, num_layers=1)
@@ -95,5 +95,5 @@ def test_run_step_opens_the_phase_ranges_of_each_mode():
             opened.append(name)
             return nvtx.range(name)
 
-        run_step(step, x, y, mode=mode, range_fn=range_fn)
+        run_step(step, x, y, mode=mode, range_fn=range_fn, names=PROFILER_NAMES)
         assert opened == expected

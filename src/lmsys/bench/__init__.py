@@ -1,3 +1,1 @@
-"""Benchmark workloads and sweeps: the training step (shared with the profilers) and `bench e2e`."""
-
-MODES = ("fwd", "fwd-bwd", "train")  # what one step runs; here, torch-free, for the CLI-time importers
+"""Benchmark sweeps: `bench e2e`, `bench attention` and the precision experiments."""

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops
-from lmsys.core.parsing import MiB
+from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 
@@ -76,9 +76,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
 
     notes = []
     if preset is not None:
-        if preset not in PRESETS:
-            raise LmsysError(f"--preset must be one of {', '.join(PRESETS)}, not {preset!r}")
-        base = PRESETS[preset]
+        base = PRESETS[choose(preset, PRESETS, what="--preset")]
     elif device.type == "cpu" and not any([batch, heads, d_head, seq_len]):
         base = CPU_DEFAULT
         notes.append("CPU without sizes: a small sweep (batch 1, d 16,64, seq 128,256, 5 steps) that finishes "
@@ -135,7 +133,7 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
                             row = {**key, **_measure(impl, batch, heads, d, seq, sweep, device)}
                         except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
                             if is_oom(exc):
-                                row = {**key, "status": "oom"}
+                                row = {**key, "status": "OOM"}
                             elif _unavailable(exc):
                                 row = {**key, "status": "unsupported"}
                             else:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from lmsys.bench import MODES
-from lmsys.bench.step import Workload
+from lmsys.train import MODES
+from lmsys.train.step import Workload
 from lmsys.core.errors import LmsysError
-from lmsys.core.flops import mfu, model_flops
-from lmsys.core.parsing import MiB
+from lmsys.core.flops import MFU_NOTE, mfu, model_flops
+from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
+from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 
 MODE_CHOICES = (*MODES, "all")
@@ -81,10 +82,8 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
     """The command line's switches -> Workload fields (plus `attn_impl`): `--fast` first, then each
     explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off';
     optimizer_in_backward / optimizer_stream: None keeps what `--fast` chose (off without it)."""
-    if fused_ce not in ("auto", "on", "off"):
-        raise LmsysError(f"--fused-ce must be auto, on or off, not {fused_ce!r}")
-    if optimizer not in ("auto", "adamw", "adamw-fused"):
-        raise LmsysError(f"--optimizer must be auto, adamw or adamw-fused, not {optimizer!r}")
+    choose(fused_ce, ("auto", "on", "off"), what="--fused-ce")
+    choose(optimizer, ("auto", "adamw", "adamw-fused"), what="--optimizer")
     options = fast_path(device, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
     if attn is not None:
         options["attn_impl"] = attn
@@ -125,14 +124,33 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
 
 
 def expand_modes(mode: str) -> list[str]:
-    if mode not in MODE_CHOICES:
-        raise LmsysError(f"--mode must be one of {', '.join(MODE_CHOICES)}, not {mode!r}")
+    choose(mode, MODE_CHOICES, what="--mode")
     return list(MODES) if mode == "all" else [mode]
 
 
-def describe(cfg: ModelConfig) -> str:
-    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
-            f"vocab {cfg.vocab_size}, context {cfg.context_length}")
+def numerics(workload: Workload) -> str:
+    """How the step computes: fp32, autocast over fp32 weights (grad-scaled for fp16), or bf16 weights."""
+    dtype = workload.dtype
+    if dtype == "fp32":
+        return "fp32"
+    if workload.master_weights:
+        return f"{dtype} weights + fp32 master"
+    return f"{dtype} autocast, fp32 weights" + (", grad scaler" if dtype == "fp16" else "")
+
+
+def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: list[tuple[str, Workload]], *,
+                 warmup: int, steps: int, compare: bool) -> tuple[dict, list[str]]:
+    """The meta lines and notes of a `bench e2e` report (added to `meta`, the environment)."""
+    workload = workloads[0][1]
+    meta.update({name: describe(cfg) for name, cfg in configs})
+    meta["run"] = f"batch {workload.batch_size}, {numerics(workload)}, warmup {warmup}, steps {steps}"
+    meta["lmsys path"] = workload.describe()
+    notes = [MFU_NOTE + (" (TF32 peak where TF32 is on)." if workload.tf32 else ".")]
+    if compare:
+        meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
+        meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
+        notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
+    return meta, notes
 
 
 def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: int, steps: int, device,
@@ -192,36 +210,30 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
 
 
 def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
-    from lmsys.bench.step import build_train_step, random_batch, tf32_matmuls
+    from lmsys.train.step import build_train_step, random_batch, run_step, tf32_matmuls
     from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
 
     cfg = workload.config
     with tf32_matmuls(workload.tf32):
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
-        peak = peak_tflops(device, workload.dtype)
+        peak = peak_tflops(device, workload.dtype, tf32=workload.tf32)
         for mode in modes:
             for _ in range(warmup):
-                step.run(inputs, targets, mode)
+                run_step(step, inputs, targets, mode=mode)
             synchronize(device)
             timer = RegionTimer(device)
-            peak_fwd = peak_step = None
+            peaks = {"fwd": None, "step": None}
+
+            def record(key):
+                peaks[key] = _max(peaks[key], peak_memory(device))
+
             for _ in range(steps):
-                step.zero_grad()
-                reset_peak_memory(device)
-                with timer.region("step"):
-                    with timer.region("forward"):
-                        loss = step.forward(inputs, targets)
-                    peak_fwd = _max(peak_fwd, peak_memory(device))
-                    if mode != "fwd":
-                        with timer.region("backward"):
-                            step.backward(loss, update=mode == "train")
-                    if mode == "train":
-                        with timer.region("optimizer"):
-                            step.optimizer_step()
-                last_loss = loss.detach()
-                del loss
-                peak_step = _max(peak_step, peak_memory(device))
+                last_loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region,
+                                     before=lambda: reset_peak_memory(device),
+                                     after_forward=lambda: record("fwd"))
+                record("step")
+            peak_fwd, peak_step = peaks["fwd"], peaks["step"]
             stats = timer.stats()
             step_ms = stats["step"].mean
             flops = model_flops(cfg, batch_size=workload.batch_size, seq_len=cfg.context_length,
@@ -233,7 +245,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                 "forward ms": _cell(stats.get("forward")),
                 "backward ms": _cell(stats.get("backward")),
                 "optimizer ms": _cell(stats.get("optimizer")),
-                "step ms": _cell(stats["step"]),
+                "ms/step": _cell(stats["step"]),
                 "tokens/s": workload.tokens / (step_ms * 1e-3),
                 "MFU %": None if util is None else 100 * util,
                 "peak fwd MiB": None if peak_fwd is None else peak_fwd / MiB,
@@ -245,9 +257,9 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
 
 def _add_speedups(group: list[dict], references: list[dict]) -> None:
     """× over the plain references: their step time divided by this row's, mode by mode."""
-    ref_ms = {(r["path"], r["mode"]): r["step ms"].mean for r in references if r["status"] == "ok"}
+    ref_ms = {(r["path"], r["mode"]): r["ms/step"].mean for r in references if r["status"] == "ok"}
     for r in group:
-        mine = r["step ms"].mean if r["status"] == "ok" else None
+        mine = r["ms/step"].mean if r["status"] == "ok" else None
         for ref, col in ((PLAIN_EAGER, "× vs eager"), (PLAIN_COMPILED, "× vs compiled")):
             base = ref_ms.get((ref, r["mode"]))
             r[col] = base / mine if (base and mine) else None

@@ -78,19 +78,7 @@ def e2e(
     per_workload = len(modes) * (3 if compare else 1)
     rows = list(track(lib.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
                       total=len(workloads) * per_workload, description="bench e2e"))
-    meta = environment(dev)
-    meta.update({name: lib.describe(cfg) for name, cfg in configs})
-    numerics = ("fp32" if dtype == "fp32" else
-                f"{dtype} weights + fp32 master" if options["master_weights"] else
-                f"{dtype} autocast, fp32 weights" + (", grad scaler" if dtype == "fp16" else ""))
-    meta["run"] = f"batch {batch_size}, {numerics}, warmup {warmup}, steps {steps}"
-    meta["lmsys path"] = workloads[0][1].describe()
-    notes = ["MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype"
-             + (" (TF32 peak where TF32 is on)." if options["tf32"] else ".")]
-    if compare:
-        meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
-        meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
-        notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
+    meta, notes = lib.describe_run(environment(dev), configs, workloads, warmup=warmup, steps=steps, compare=compare)
     emit(Report("bench e2e", rows, meta, notes), format, output)
 
 @app.command("attention")
@@ -118,6 +106,7 @@ def attention(
     check_output_path(plot, what="--plot")
 
     from lmsys.bench import attention as lib
+    from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_int_list, parse_list
     from lmsys.core.results import Report
@@ -134,8 +123,7 @@ def attention(
     rows = list(track(lib.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
     meta = environment(dev)
     meta["run"] = sweep.describe()
-    notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). TFLOP/s: 4·b·h·s²·d forward, "
-                 "2.5× that backward, halved when causal, over the mean time.")
+    notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
     notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
                  "(inputs, saved tensors, output), peak during the backward.")
     report = Report("bench attention", rows, meta, notes)

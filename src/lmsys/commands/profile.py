@@ -76,104 +76,59 @@ def nsys(
 
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.errors import LmsysError
+    from lmsys.core.parsing import choose
     from lmsys.profiling import nsys as nsys_lib
+    from lmsys.profiling import report as lib
     from lmsys.profiling.phases import check_mode
 
     check_render_options(format, output)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
     check_mode(mode)
-    if engine not in ("nsys", "torch"):
-        raise LmsysError(f"--engine must be nsys or torch, not {engine!r}")
+    choose(engine, lib.ENGINES, what="--engine")
     try:
         extra = shlex.split(nsys_args)
     except ValueError as exc:  # e.g. an unclosed quote
         raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
-
     if command:
-        if engine != "nsys":
-            raise LmsysError("a command after -- is profiled with --engine nsys; --engine torch runs the training step")
-        nsys_path = nsys_lib.find_nsys()
-        _make_out_dir(out_dir)
-        name = "nsys_" + "".join(ch if ch.isalnum() else "_" for ch in Path(command[0]).name)
-        prof = nsys_lib.profile_app(nsys_path, list(command), out_dir=out_dir, name=name, trace=trace, extra=extra)
-        meta = {"command": shlex.join(command), "nsys": f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})"}
-        reports = _time_reports(prof, meta=meta, range_name=range_name, top=top, shape=None)
-        emit(reports, format, output)
-        _say(f"nsys report: {prof.files['report']}")
-        return
+        return _nsys_app(list(command), engine=engine, out_dir=out_dir, trace=trace, extra=extra,
+                         range_name=range_name, top=top, format=format, output=output)
 
     nsys_path = nsys_lib.find_nsys() if engine == "nsys" else None
     dev = resolve_device(device)
-    if engine == "nsys" and dev.type != "cuda":
-        raise LmsysError("--engine nsys profiles CUDA kernels and needs a GPU (none in use here); use --engine torch")
+    lib.check_engine(engine, dev)
     check_dtype_for_device(dtype, dev)
     name, cfg = _one_config(size, dev, context_length=context_length,
                             attn_impl="annotated" if annotate_attention else "naive")
     _make_out_dir(out_dir)
-    base = f"{engine}_{Path(name).stem}_ctx{context_length}_b{batch_size}_{dtype}_{mode}"
-    base += "_attn" if annotate_attention else ""
-    if engine == "nsys":
-        prof = nsys_lib.profile_e2e(nsys_path, config=cfg, batch_size=batch_size, dtype=dtype, mode=mode,
-                                    warmup=warmup, steps=steps, device=str(dev), out_dir=out_dir, name=base,
-                                    trace=trace, extra=extra)
-    else:
-        from lmsys.bench.step import Workload
-        from lmsys.profiling import torch_engine
-
-        prof = torch_engine.profile_e2e(Workload(cfg, batch_size=batch_size, dtype=dtype), dev, mode=mode,
-                                        warmup=warmup, steps=steps, out_dir=out_dir, name=base)
-    from lmsys.bench.e2e import describe
-
-    meta = environment(dev)
-    meta[name] = describe(cfg)
-    meta["run"] = (f"batch {batch_size}, {dtype}, mode {mode}, attention {cfg.attn_impl}, warmup {warmup} "
-                   f"(not recorded), {steps} measured steps, engine {engine}")
-    if engine == "nsys":
-        meta["nsys"] = f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})"
+    run = dict(batch_size=batch_size, dtype=dtype, mode=mode)
+    base = lib.step_name(engine, name, context_length=context_length, annotated=annotate_attention, **run)
+    prof = lib.profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir, name=base,
+                            trace=trace, extra=extra, **run)
+    nsys = f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
+    meta = lib.step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=nsys, **run)
     shape = (batch_size, cfg.num_heads, context_length, cfg.d_head)
-    emit(_time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), format, output)
+    emit(lib.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), format, output)
     _say(f"nsys report: {prof.files['report']}" if engine == "nsys" else f"chrome trace: {prof.files['trace']}")
 
 
-def _time_reports(prof, *, meta: dict, range_name: str, top: int, shape):
-    from lmsys.core.results import Report
-    from lmsys.profiling.summary import range_rows, split_rows, top_rows
+def _nsys_app(command: list[str], *, engine: str, out_dir: Path, trace: str, extra: list[str], range_name: str,
+              top: int, format: str, output) -> None:
+    """`profile nsys -- COMMAND`: nsys around the user's program."""
+    import shlex
 
-    gpu = prof.unit == "kernel"
-    range_notes = list(prof.notes)
-    if prof.engine == "nsys":
-        range_notes.append("total/avg: range duration on the host (nsys nvtx_sum); FWD/BWD/OPTIM_STEP synchronise "
-                           "before closing, so theirs is the phase's wall time. GPU kernel ms: kernels executing "
-                           "inside the phase's window, or for other ranges launched inside it (nvtx_kern_sum).")
-    else:
-        range_notes.append("total/avg: record_function duration (the phases synchronise before closing). "
-                           + ("GPU kernel ms: kernels launched by operators inside the range."
-                              if gpu else "On a CPU there are no kernels: the tables list PyTorch operators."))
-    if not prof.ranges:
-        range_notes.append("No NVTX ranges were recorded.")
-    reports = [Report(f"profile {prof.engine}: time per range", range_rows(prof), meta, range_notes)]
-    what = "kernels" if gpu else "operators (self CPU time)"
-    reports.append(Report(f"top {top} {what}, all measured steps", top_rows(prof.top, unit=prof.unit, top=top)))
-    in_range = prof.by_range.get(range_name)
-    if in_range is not None:
-        reports.append(Report(f"top {top} {what} in {range_name}", top_rows(in_range, unit=prof.unit, top=top),
-                              notes=["%: share of the range's total."]))
-    else:
-        known = ", ".join(sorted(prof.by_range)) or "none"
-        reports[-1].notes.append(f"No {what} recorded in range {range_name!r} (ranges with {what}: {known}).")
-    split = split_rows(prof, shape=shape)
-    if split:
-        basis = "GPU kernel time inside each range" if gpu else "range duration on the CPU"
-        notes = [f"time: {basis}. Forward only (autograd runs the backward outside these ranges)."]
-        if shape is not None:
-            notes.append("GFLOP: 2·B·H·S²·d per matmul (the naive math computes the full S×S scores even when "
-                         "causal); softmax counted as 5 FLOPs per score (max, subtract, exp, sum, divide).")
-        reports.append(Report("attention: matmul vs softmax", split, notes=notes))
-    if prof.api:
-        reports.append(Report("CUDA API calls (top 5)", top_rows(prof.api, unit="API call", top=5)))
-    files = [f"{role}: {path}" for role, path in prof.files.items()]
-    reports[-1].notes += ["Files: " + "; ".join(files)] + [f"$ {c}" for c in prof.commands]
-    return reports
+    from lmsys.core.errors import LmsysError
+    from lmsys.profiling import nsys as nsys_lib
+    from lmsys.profiling import report as lib
+
+    if engine != "nsys":
+        raise LmsysError("a command after -- is profiled with --engine nsys; --engine torch runs the training step")
+    nsys_path = nsys_lib.find_nsys()
+    _make_out_dir(out_dir)
+    prof = nsys_lib.profile_app(nsys_path, command, out_dir=out_dir, name=lib.app_name(command), trace=trace,
+                                extra=extra)
+    meta = {"command": shlex.join(command), "nsys": f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})"}
+    emit(lib.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=None), format, output)
+    _say(f"nsys report: {prof.files['report']}")
 
 
 @app.command("memory")
@@ -194,29 +149,19 @@ def memory(
     output: OutputOpt = None,
 ):
     """Memory timeline PNG with phases and peak, peak per phase, largest allocations, snapshot pickle (CUDA)."""
-    check_render_options(format, output)
-    check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
-
-    from lmsys.core.errors import LmsysError
-    from lmsys.core.results import Report
     from lmsys.profiling import memory as lib
 
+    check_render_options(format, output)
+    check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
-        try:  # a malformed trace is the user's file to fix; the output folder is made only after this
-            timeline = lib.analyze(data)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration) as exc:
-            raise LmsysError(f"--snapshot: {snapshot} is not a valid memory snapshot "
-                             f"({type(exc).__name__}: {exc})") from None
+        timeline = lib.analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
         _make_out_dir(out_dir)
-        png = lib.render_png(timeline, out_dir / f"{snapshot.stem}.png", title=f"{snapshot.name}: allocated memory")
-        meta = {"snapshot": str(snapshot), "device": f"cuda:{timeline.device}",
-                "events": f"{len(timeline.values) - 1} allocations and frees"}
-        emit(_memory_reports(lib, timeline, None, meta=meta, top=top, png=png, pickle=None), format, output)
+        reports, png = lib.snapshot_reports(timeline, snapshot, out_dir=out_dir, top=top)
+        emit(reports, format, output)
         _say(f"timeline: {png}")
         return
 
-    from lmsys.bench.step import Workload
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.parsing import parse_int_list
     from lmsys.profiling.phases import check_mode
@@ -228,63 +173,10 @@ def memory(
     check_dtype_for_device(dtype, dev)
     configs = [_one_config(size, dev, context_length=c) for c in contexts]
     _make_out_dir(out_dir)
-
-    results = []
-    for name, cfg in track(configs, total=len(configs), description="profile memory"):
-        cap = lib.capture(Workload(cfg, batch_size=batch_size, dtype=dtype), dev, mode=mode, steps=steps,
-                          max_entries=max_entries)
-        base = f"memory_{Path(name).stem}_ctx{cfg.context_length}_b{batch_size}_{dtype}_{mode}"
-        pickle = lib.write_snapshot(cap.snapshot, out_dir / f"{base}.pickle")
-        timeline = lib.analyze(cap.snapshot, cap.device_index)
-        title = f"{name} · context {cfg.context_length} · batch {batch_size} · {dtype} · {mode}: allocated memory"
-        png = lib.render_png(timeline, out_dir / f"{base}.png", title=title)
-        cap.snapshot = None  # written and analysed: free it before the next context
-        results.append((cfg, cap, timeline, pickle, png))
-
-    name = configs[0][0]
-    meta = environment(dev)
-    meta["run"] = (f"{name}, batch {batch_size}, {dtype}, mode {mode}, {steps} recorded steps "
-                   f"(model construction included)")
-    if len(results) == 1:
-        cfg, cap, timeline, pickle, png = results[0]
-        meta["context"] = cfg.context_length
-        reports = _memory_reports(lib, timeline, cap, meta=meta, top=top, png=png, pickle=pickle)
-    else:
-        rows = []
-        for cfg, cap, timeline, pickle, png in results:
-            rows.append({"context": cfg.context_length, **lib.summary_row(timeline),
-                         "allocator peak MiB": cap.allocator_peak / lib.MiB,
-                         "status": "OOM" if cap.oom else "ok", "timeline": png.name})
-        notes = ["peak * MiB: the highest allocated memory inside that phase (max over steps), from the allocator's "
-                 "history; allocator peak: torch.cuda.max_memory_allocated (rounded block sizes).",
-                 f"Files in {out_dir}: " + "; ".join(f"{r[3].name}, {r[4].name}" for r in results)]
-        reports = [Report("profile memory: peak per phase, by context length", rows, meta, notes)]
-    emit(reports, format, output)
-    for *_, pickle, png in results:
-        _say(f"snapshot: {pickle}  timeline: {png}")
-
-
-def _memory_reports(lib, timeline, cap, *, meta: dict, top: int, png, pickle):
-    from lmsys.core.parsing import format_bytes
-    from lmsys.core.results import Report
-
-    peak_phase = timeline.phase_at(timeline.peak_index)
-    where = f"{peak_phase.label}" + (f", step {peak_phase.step}" if peak_phase and peak_phase.step else "")
-    notes = [f"Peak: {format_bytes(timeline.peak)} in {where}."]
-    if cap is not None:
-        notes.append("allocator peak: torch.cuda.max_memory_allocated over the phase (rounded block sizes; the "
-                      "timeline counts requested sizes, as memory_viz does).")
-        if cap.oom:
-            notes.append(f"The run ran out of memory: {cap.oom}")
-    elif timeline.oom:
-        notes.append("The snapshot records an out-of-memory event.")
-    if timeline.baseline:
-        notes.append(f"{format_bytes(timeline.baseline)} was allocated before the recording began.")
-    if len(timeline.phases) <= 1:
-        notes.append("No phase markers in this snapshot (it was not taken by lmsys profile memory).")
-    phases = Report("profile memory: peak per phase", lib.phase_rows(timeline, cap.allocator_peaks if cap else None),
-                    meta, notes)
-    files = [f"timeline PNG: {png}"] + ([f"snapshot (open in pytorch.org/memory_viz): {pickle}"] if pickle else [])
-    largest = Report(f"largest {top} allocations (grouped by size and code location)",
-                     lib.largest_rows(timeline, top), notes=files)
-    return [phases, largest]
+    run = dict(batch_size=batch_size, dtype=dtype, mode=mode, steps=steps)
+    sweep = lib.sweep_contexts(configs, dev, max_entries=max_entries, out_dir=out_dir, **run)
+    results = list(track(sweep, total=len(configs), description="profile memory"))
+    emit(lib.sweep_reports(results, environment(dev), name=configs[0][0], top=top, out_dir=out_dir, **run),
+         format, output)
+    for r in results:
+        _say(f"snapshot: {r.pickle}  timeline: {r.png}")

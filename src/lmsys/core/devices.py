@@ -6,6 +6,7 @@ import platform
 from typing import Any
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
@@ -24,7 +25,7 @@ def resolve_device(name: str = "auto"):
     import torch
 
     if name not in DEVICE_CHOICES and not name.startswith("cuda:"):
-        raise LmsysError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
+        choose(name, DEVICE_CHOICES, what="--device")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
@@ -40,10 +41,8 @@ def resolve_device(name: str = "auto"):
 def torch_dtype(name: str):
     import torch
 
-    table = dict(zip(DTYPE_CHOICES, (torch.float32, torch.bfloat16, torch.float16)))
-    if name not in table:
-        raise LmsysError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {name!r}")
-    return table[name]
+    table = dict(zip(DTYPE_CHOICES, (torch.float32, torch.bfloat16, torch.float16)))  # the one dtype table
+    return table[choose(name, DTYPE_CHOICES, what="--dtype")]
 
 
 def check_dtype_for_device(dtype: str, device) -> None:
@@ -85,19 +84,29 @@ def environment(device) -> dict[str, Any]:
     return info
 
 
-def peak_tflops(device, dtype: str) -> float | None:
-    """Peak dense TFLOP/s for MFU, or None when the GPU is not in the table (or on the CPU)."""
+def gpu_name(device) -> str | None:
+    """The GPU's name (what the peak table is keyed by), or None off a GPU."""
     import torch
 
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def peak_tflops_for(name: str | None, dtype: str, *, tf32: bool) -> float | None:
+    """Peak dense TFLOP/s of the GPU called `name` for `dtype` (fp32 with TF32 on: the TF32 rate), or
+    None for an unknown GPU or no GPU."""
     for key, rates in PEAK_TFLOPS.items():
-        if key in name:
-            if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
-                return rates["tf32"]
-            return rates.get(dtype)
+        if name is not None and key in name:
+            return rates["tf32"] if (dtype == "fp32" and tf32) else rates.get(dtype)
     return None
+
+
+def peak_tflops(device, dtype: str, *, tf32: bool | None = None) -> float | None:
+    """Peak dense TFLOP/s for MFU on `device`; `tf32` defaults to torch's current matmul setting."""
+    import torch
+
+    if tf32 is None:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    return peak_tflops_for(gpu_name(device), dtype, tf32=tf32)
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -12,6 +12,10 @@ Conventions (say them wherever a rate is printed):
 from __future__ import annotations
 
 
+MFU_NOTE = "MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype"
+ATTENTION_RATE_NOTE = ("TFLOP/s: 4·b·h·s²·d forward, 2.5× that backward, halved when causal, over the mean time.")
+
+
 def model_flops_per_token(*, d_model: int, d_ff: int, num_layers: int, vocab_size: int,
                           seq_len: int, backward: bool) -> float:
     matmul_params = num_layers * (4 * d_model * d_model + 3 * d_model * d_ff) + d_model * vocab_size

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 from lmsys.core.errors import LmsysError
 
@@ -16,6 +16,15 @@ _UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9,
     "kib": 2**10, "mib": 2**20, "gib": 2**30,
 }
+
+
+def choose(value: T, choices: Iterable[T], *, what: str) -> T:
+    """`value` when it is one of `choices`; otherwise the one error every option with a fixed set of
+    values gives: "WHAT must be one of A, B, C, not 'x'"."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise LmsysError(f"{what} must be one of {', '.join(map(str, choices))}, not {value!r}")
+    return value
 
 
 def parse_list(text: str | list[str] | None, convert: Callable[[str], T], *, what: str) -> list[T]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 
 FORMATS = ("table", "md", "csv", "json")
 
@@ -208,9 +209,7 @@ def check_output_path(path: str | os.PathLike | None, *, what: str = "--output")
 
 
 def check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise LmsysError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    return fmt
+    return choose(fmt, FORMATS, what="--format")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

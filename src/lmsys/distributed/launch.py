@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
+from lmsys.core.results import write_atomic
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0
@@ -81,9 +83,7 @@ def resolve_backend(name: Optional[str]) -> str:
 
     if name is None or name == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
-    if name not in BACKENDS:
-        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {name!r}")
-    return name
+    return choose(name, BACKENDS, what="--backend")
 
 
 def backend_for_device(device: Optional[str], backend: Optional[str]) -> Optional[str]:
@@ -124,8 +124,7 @@ def check_launch(backend: str, world_sizes: list[int]) -> None:
     """User errors before anything starts: nccl needs CUDA and one GPU per local rank."""
     import torch
 
-    if backend not in BACKENDS:
-        raise LmsysError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    choose(backend, BACKENDS, what="--backend")
     timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked here, in the parent, not once per rank
     for n in world_sizes:
         if n < 1:
@@ -423,10 +422,7 @@ def worker_main(argv: list[str]) -> None:
                   "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None),
                   "one_line": isinstance(exc, RankError)}
         consequence = _reported_elsewhere(spec, rank)
-        error_path = Path(f"{spec['result']}.rank{rank}.error")
-        tmp_path = error_path.with_name(error_path.name + ".tmp")
-        tmp_path.write_text(json.dumps(record))
-        os.replace(tmp_path, error_path)
+        write_atomic(f"{spec['result']}.rank{rank}.error", json.dumps(record))
         if isinstance(exc, LmsysError):
             print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
         elif isinstance(exc, RankError):
@@ -438,10 +434,7 @@ def worker_main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(1)  # no process-group teardown: it could wait on the ranks that are gone
     if rank == 0:
-        path = Path(spec["result"])
-        tmp_path = path.with_name(path.name + ".tmp")
-        tmp_path.write_text(json.dumps(result))
-        os.replace(tmp_path, path)
+        write_atomic(spec["result"], json.dumps(result))
 
 
 if __name__ == "__main__":

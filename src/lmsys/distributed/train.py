@@ -19,19 +19,18 @@ per-rank batch, 100 % is perfect) and parity.
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from lmsys.bench.e2e import describe
-from lmsys.bench.step import TrainStep
+from lmsys.train.step import TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
+from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 
 from lmsys.distributed.runs import (BUCKET_LEVERS, COMM_DTYPES, LEARNING_RATE, STRATEGIES, RunSpec,  # noqa: F401
@@ -168,40 +167,15 @@ def build_model(config: ModelConfig, *, device, seed: int):
     return TransformerLM(config, device=device)
 
 
-def make_optimizer(params, *, sharded: bool) -> torch.optim.Optimizer:
-    kwargs = dict(lr=LEARNING_RATE, weight_decay=0.01)
-    if sharded:
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
-
-        return ShardedOptimizer(params, torch.optim.AdamW, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
-
-
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer)."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    start = getattr(model, "on_train_batch_start", None)
     timer = RegionTimer(device)
-
-    def region(name, timed):
-        return timer.region(name) if timed else nullcontext()
-
+    names = {**TIMER_NAMES, "after_backward": "comm wait"}
     for i, (inputs, targets) in enumerate(batches):
-        timed = i >= warmup
-        if start is not None:
-            start()
-        with region("step", timed):
-            with region("forward", timed):
-                loss = step.forward(inputs, targets)
-            with region("backward", timed):
-                step.backward(loss)
-            if finish is not None:
-                with region("comm wait", timed):
-                    finish()
-            with region("optimizer", timed):
-                step.optimizer_step()
-        del loss
+        run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
+                 before=getattr(model, "on_train_batch_start", None),
+                 after_backward=getattr(model, "finish_gradient_synchronization", None))
     synchronize(device)
     return timer
 
@@ -211,7 +185,7 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), sharded=False)
+    optimizer = make_optimizer(model.parameters(), lr=LEARNING_RATE)
     timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
     peak = peak_memory(device)
     optim_bytes = optimizer_state_bytes(optimizer)
@@ -272,7 +246,7 @@ def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.o
         from lmsys.distributed.ddp import StepInFinish
 
         return StepInFinish(wrapped)
-    return make_optimizer(wrapped.parameters(), sharded=sharded)
+    return make_optimizer(wrapped.parameters(), lr=LEARNING_RATE, sharded=sharded)
 
 
 def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):

@@ -11,7 +11,8 @@ query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implement
 - `sdpa-flash`, `sdpa-cudnn`, `sdpa-efficient`, `sdpa-math`: SDPA pinned to one backend
   (torch.nn.attention.sdpa_kernel), for benchmarks that compare against a named competitor;
 - `flash-torch`, `flash-triton`: this project's FlashAttention-2 (lmsys.kernels.flash_torch/_triton).
-- `annotated`: the naive math with each part in an NVTX/record_function range (lmsys.profiling.nvtx).
+- `annotated`: the naive math with each part in an NVTX/record_function range, registered by
+  lmsys.profiling.nvtx when it is imported (kernels import nothing above them; see registry.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
+from lmsys.kernels.registry import IMPLS
 
 
 def naive_attention(q, k, v, is_causal: bool = False):
@@ -85,13 +87,7 @@ def _flash_triton(q, k, v, is_causal):
     return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
-def _annotated(q, k, v, is_causal):
-    from lmsys.profiling.nvtx import annotated_attention
-
-    return annotated_attention(q, k, v, is_causal)
-
-
-IMPLS: dict[str, Callable] = {
+IMPLS.update({
     "naive": naive_attention,
     "compiled": _compiled,
     "sdpa": _sdpa,
@@ -101,41 +97,17 @@ IMPLS: dict[str, Callable] = {
     "sdpa-math": _sdpa_pinned("MATH"),
     "flash-torch": _flash_torch,
     "flash-triton": _flash_triton,
-    "annotated": _annotated,
-}
+})
 
 
 def check_impl(name: str, *, d_head: int | None = None) -> str:
     """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
-    if name not in IMPLS:
-        raise LmsysError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPLS)}")
+    choose(name, IMPLS, what="attention implementation")
     if name == "flash-triton" and d_head is not None:
         from lmsys.kernels.flash_triton import check_head_dim
 
         check_head_dim(d_head)
     return name
-
-
-def check_qkv(q, k, v, *, impl: str) -> None:
-    """Shapes every implementation needs: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d], the same leading
-    dims, Hq a multiple of Hkv (grouped-query attention), one dtype and device. Raises LmsysError naming
-    `impl` and the shapes."""
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
-        raise LmsysError(f"{impl}: q, k and v must be [..., n, d] with the same number of dims; got {shapes}")
-    if k.shape != v.shape or q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1] or (
-            q.dim() == 2 and q.shape[:-2] != k.shape[:-2]):
-        raise LmsysError(f"{impl}: expected q [..., n_q, d] and k, v [..., n_k, d] with the same leading dims "
-                         f"and d; got {shapes}")
-    if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
-        raise LmsysError(f"{impl}: q has {q.shape[-3]} heads (dim -3), k and v {k.shape[-3]}: the query heads must "
-                         f"be a multiple of the key/value heads ({shapes})")
-    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
-        raise LmsysError(f"{impl}: empty sequence or head dim ({shapes})")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise LmsysError(f"{impl}: q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise LmsysError(f"{impl}: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
 REPEAT_KV = ("naive", "compiled", "annotated")  # the others take k, v with fewer heads than q as they are

@@ -16,15 +16,18 @@ from typing import Iterator
 
 import torch
 
+from lmsys.core.devices import DTYPE_CHOICES, torch_dtype
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 from lmsys.kernels import triton_interpreted
+from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
 # The kernels take every multiple of 8 from 16 to 256 (flash_triton.HEAD_DIMS); the check cycles through the
 # powers of two and the padded dims models use, in an order that mixes both from the first cases on.
 HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
+assert set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
 GQA_HEADS = ((4, 1), (4, 2), (6, 3), (8, 2))  # (query heads, key/value heads)
 
@@ -77,28 +80,22 @@ def default_impl(device) -> str:
 
 
 def check_dtype(name: str) -> str:
-    if name not in DTYPES:
-        raise LmsysError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
-    return name
+    return choose(name, DTYPE_CHOICES, what="--dtype")
 
 
 def device_dtypes(device) -> list[str]:
     """Every dtype the implementations run on this device (bf16 only where the GPU has it)."""
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return ["fp32", "fp16"]
-    return list(DTYPES)
+    return list(DTYPE_CHOICES)
 
 
 def check_impl(impl: str) -> str:
-    if impl not in FLASH_IMPLS:
-        raise LmsysError(f"--impl must be one of {', '.join(FLASH_IMPLS)}, not {impl!r}")
-    return impl
+    return choose(impl, FLASH_IMPLS, what="--impl")
 
 
 def supported(impl: str, d: int, dtype: str) -> bool:
     """flash-triton takes head dims past FP32_MAX_HEAD_DIM in fp16/bf16 only; flash-torch takes everything."""
-    from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM
-
     return not (impl == "flash-triton" and dtype == "fp32" and d > FP32_MAX_HEAD_DIM)
 
 
@@ -159,7 +156,7 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         from lmsys.kernels import flash_triton
     for i, case in enumerate(cases):
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
-        dtype = DTYPES[case.dtype]
+        dtype = torch_dtype(case.dtype)
 
         def draw(n: int, kv: bool = False) -> torch.Tensor:
             lead = case.lead[:-1] + (case.kv_heads,) if kv and case.kv_heads else case.lead

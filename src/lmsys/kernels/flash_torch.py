@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from lmsys.kernels.attention import check_qkv
+from lmsys.kernels.shapes import check_qkv
 
 DEFAULT_Q_TILE = 64
 DEFAULT_K_TILE = 64

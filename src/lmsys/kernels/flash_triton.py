@@ -49,7 +49,7 @@ import triton.language as tl
 
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import triton_interpreted
-from lmsys.kernels.attention import check_qkv
+from lmsys.kernels.shapes import check_qkv
 
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 256, 8
 HEAD_DIMS = tuple(range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1, HEAD_DIM_STEP))

@@ -2,7 +2,14 @@
 
 from lmsys.model.config import PRESETS, ModelConfig, config_from_yaml, get_config, parameter_count_formula
 
-__all__ = ["PRESETS", "ModelConfig", "config_from_yaml", "get_config", "parameter_count_formula", "count_parameters"]
+__all__ = ["PRESETS", "ModelConfig", "config_from_yaml", "get_config", "parameter_count_formula", "count_parameters",
+           "describe"]
+
+
+def describe(cfg: ModelConfig) -> str:
+    """One line naming the shape of `cfg` (the meta line every report prints)."""
+    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
+            f"vocab {cfg.vocab_size}, context {cfg.context_length}")
 
 
 def count_parameters(config: ModelConfig) -> int:

@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from lmsys.kernels.attention import attention
@@ -71,12 +72,11 @@ class CausalSelfAttention(nn.Module):
         self.output_proj = Linear(config.d_model, config.d_model, **kw)
 
     def forward(self, x, cos, sin):
-        B, S, D = x.shape
-        qkv = self.qkv_proj(x).view(B, S, self.num_heads + 2 * self.kv_heads, self.d_head).transpose(1, 2)
-        q, k, v = qkv.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)  # [B, H or Hkv, S, d_head]
+        heads = rearrange(self.qkv_proj(x), "b s (h d) -> b h s d", d=self.d_head)  # H + 2·Hkv heads
+        q, k, v = heads.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)  # [B, H or Hkv, S, d_head]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H, S, d_head]
-        return self.output_proj(out.transpose(1, 2).reshape(B, S, D))
+        return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
 
 
 class SwiGLU(nn.Module):

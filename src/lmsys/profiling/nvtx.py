@@ -9,7 +9,8 @@ the GPU work queued inside it, not just the launches.
 `lmsys.kernels.attention.naive_attention`) with its parts marked ATTN_QK_MATMUL (scores and scale),
 ATTN_SOFTMAX (causal mask and softmax) and ATTN_AV_MATMUL. Each part is marked twice: an NVTX range
 (seen by nsys) and a `torch.profiler.record_function` (seen by torch.profiler), so either engine sees
-the split. The model reaches it by name: `ModelConfig(attn_impl="annotated")`. Only the forward is
+the split. Importing this module registers it, and the model reaches it by name:
+`ModelConfig(attn_impl="annotated")`. Only the forward is
 marked: autograd runs the backward outside these ranges.
 """
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import math
 from functools import lru_cache
+
+from lmsys.kernels.registry import register
 
 ATTN_QK_MATMUL = "ATTN_QK_MATMUL"
 ATTN_SOFTMAX = "ATTN_SOFTMAX"
@@ -71,6 +74,7 @@ def mark(name: str):
         yield
 
 
+@register("annotated")
 def annotated_attention(q, k, v, is_causal: bool = False):
     """softmax(q kᵀ / √d) v with its parts marked. q [..., n_q, d], k and v [..., n_k, d]."""
     import torch

@@ -128,6 +128,8 @@ def top_rows(items: list[Timed], *, unit: str, top: int) -> list[dict]:
 # a matmul [S, d] @ [d, S] is 2·S·S·d multiply-adds counted as two FLOPs each; softmax counts 5 FLOPs
 # per score (max, subtract, exp, sum, divide).
 SOFTMAX_FLOPS_PER_SCORE = 5
+SPLIT_FLOP_NOTE = ("GFLOP: 2·B·H·S²·d per matmul (the naive math computes the full S×S scores even when causal); "
+                   "softmax counted as 5 FLOPs per score (max, subtract, exp, sum, divide).")
 
 
 def attention_part_flops(part: str, *, batch: int, heads: int, seq_len: int, d_head: int) -> float:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lmsys.profiling.nvtx import ATTENTION_RANGES
-from lmsys.profiling.phases import STEP_RANGES, WARMUP, run_step
+from lmsys.profiling.phases import PROFILER_NAMES, STEP_RANGES, WARMUP
 from lmsys.profiling.summary import RangeTime, Timed, TimeProfile, aggregate
 
 RANGE_NAMES = (*STEP_RANGES, *ATTENTION_RANGES, WARMUP)
@@ -30,7 +30,7 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from lmsys.bench.step import build_train_step, random_batch
+    from lmsys.train.step import build_train_step, random_batch, run_step
     from lmsys.core.timing import synchronize
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
         with profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
                      on_trace_ready=ready) as prof:
             for _ in range(warmup + steps):
-                run_step(step, inputs, targets, mode=mode, range_fn=phase)
+                run_step(step, inputs, targets, mode=mode, range_fn=phase, names=PROFILER_NAMES)
                 prof.step()
     if "events" not in collected:  # older schedules call on_trace_ready only on exit
         ready(prof)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Callable, ContextManager, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lmsys.core.devices import torch_dtype
 from lmsys.core.errors import LmsysError
+from lmsys.core.parsing import choose
 from lmsys.model.config import ModelConfig
 from lmsys.model.transformer import TransformerLM
 
@@ -48,10 +50,8 @@ class Workload:
     lr: float = 1e-4
 
     def __post_init__(self):
-        if self.compile not in COMPILE_CHOICES:
-            raise LmsysError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {self.compile!r}")
-        if self.optimizer not in OPTIMIZER_CHOICES:
-            raise LmsysError(f"--optimizer must be one of {', '.join(OPTIMIZER_CHOICES)}, not {self.optimizer!r}")
+        choose(self.compile, COMPILE_CHOICES, what="compile")
+        choose(self.optimizer, OPTIMIZER_CHOICES, what="--optimizer")
         torch_dtype(self.dtype)
         if self.master_weights and self.dtype != "bf16":
             raise LmsysError("--master-weights keeps bf16 weights with fp32 master copies: use it with --dtype bf16")
@@ -156,15 +156,56 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, inputs, targets, mode: str = "train") -> torch.Tensor:
-        """One whole step of `mode` (used for warm-up and by tools that do not split phases)."""
-        if mode == "fwd":
-            return self.forward(inputs, targets)
-        self.zero_grad()
-        loss = self.forward(inputs, targets)
-        self.backward(loss, update=mode == "train")
+        """One whole step of `mode` outside any range (warm-up; tools that do not split phases)."""
+        return run_step(self, inputs, targets, mode=mode)
+
+
+# ----------------------------------------------------------------------------- the one step runner
+
+RangeFn = Callable[[str], ContextManager]
+
+# The timer regions of `bench e2e` and `ddp train` (their row columns); the profilers pass their own
+# names (lmsys.profiling.phases.PROFILER_NAMES). A part without a name runs outside any range.
+TIMER_NAMES = {"step": "step", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+
+
+def no_range(_name: str) -> ContextManager:
+    return nullcontext()
+
+
+def run_step(step, inputs, targets, *, mode: str = "train", range_fn: RangeFn = no_range,
+             names: Mapping[str, str] = TIMER_NAMES, before: Callable[[], None] | None = None,
+             after_forward: Callable[[], None] | None = None,
+             after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+    """One training step of `mode` (fwd | fwd-bwd | train), each part inside `range_fn(names[part])`.
+
+    Outside any range: gradients are cleared, then `before()` runs (a DDP wrapper's batch-start hook,
+    a peak-memory reset). Inside `names["step"]`: forward, `after_forward()`, backward, `after_backward()`
+    in `names["after_backward"]` (the DDP comm wait) and the optimizer, each in its own range. Returns
+    the detached loss; the graph is dropped before the function returns."""
+
+    def part(name):
+        key = names.get(name)
+        return nullcontext() if key is None else range_fn(key)
+
+    step.zero_grad()
+    if before is not None:
+        before()
+    with part("step"):
+        with part("forward"):
+            loss = step.forward(inputs, targets)
+        if after_forward is not None:
+            after_forward()
+        if mode != "fwd":
+            with part("backward"):
+                step.backward(loss, update=mode == "train")  # fwd-bwd: no in-backward updates
+            if after_backward is not None:
+                with part("after_backward"):
+                    after_backward()
         if mode == "train":
-            self.optimizer_step()
-        return loss
+            with part("optimizer"):
+                step.optimizer_step()
+    return loss.detach()
 
 
 def lm_loss(model: TransformerLM, inputs, targets, *, fused_ce: bool) -> torch.Tensor:
@@ -207,22 +248,32 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
 
     if workload.compile == "model":
         loss_fn = torch.compile(loss_fn, mode=compile_mode)
+    def build_optimizer(params):
+        return make_optimizer(params, lr=workload.lr, kind=workload.optimizer, master_weights=workload.master_weights)
+
     if workload.optimizer_in_backward:
-        optimizer = OptimizerInBackward(groups, lambda params: make_optimizer(workload, params, device),
-                                        stream=side_stream(workload, device))
+        optimizer = OptimizerInBackward(groups, build_optimizer, stream=side_stream(workload, device))
     else:
-        optimizer = make_optimizer(workload, model.parameters(), device)
+        optimizer = build_optimizer(model.parameters())
     return TrainStep(model, optimizer, device=device, dtype=workload.dtype, loss_fn=loss_fn,
                      autocast=not workload.master_weights)
 
 
-def make_optimizer(workload: Workload, params, device) -> torch.optim.Optimizer:
-    kw = dict(lr=workload.lr, weight_decay=0.01)
-    if workload.master_weights:
+def make_optimizer(params, *, lr: float, kind: str = "adamw", master_weights: bool = False,
+                   sharded: bool = False) -> torch.optim.Optimizer:
+    """The one AdamW (weight decay 0.01) every tool trains with: foreach or fused (`kind`), the Triton
+    master-weight AdamW for bf16 weights, or ZeRO-1 sharded over the process group (`sharded`)."""
+    kw = dict(lr=lr, weight_decay=0.01)
+    choose(kind, OPTIMIZER_CHOICES, what="--optimizer")
+    if sharded:
+        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+
+        return ShardedOptimizer(params, torch.optim.AdamW, **kw)
+    if master_weights:
         from lmsys.kernels.adamw import MasterWeightAdamW
 
         return MasterWeightAdamW(params, **kw)
-    if workload.optimizer == "adamw-fused":
+    if kind == "adamw-fused":
         return torch.optim.AdamW(params, fused=True, **kw)
     return torch.optim.AdamW(params, **kw)
 
