@@ -50,12 +50,13 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     return out
 
 
-# What `--fast` adds on CUDA with bf16 master weights: the optimizer inside the backward, on a side
-# stream, with each block compiled (whole-model compile hands every gradient over only at the end of
-# the backward, so nothing could overlap). Pending measurement: the ablation in
-# docs/benchmarks/e2e.md ("Issue 15", from scripts/gpu/e2e.sh part `ablation`) decides it;
-# set to {} to go back to whole-model compile with the optimizer after the backward.
-FAST_OPTIMIZER_IN_BACKWARD = {"optimizer_in_backward": True, "optimizer_stream": True, "compile": "blocks"}
+# What `--fast` adds on CUDA with bf16 master weights for the optimizer in backward: nothing. The H200
+# ablation (docs/benchmarks/e2e.md, "Issue 15"; 2.7b bf16, one process, 2026-12-01) measured the fast
+# path at 96.31 ms with whole-model compile and the optimizer after the backward, 96.86 with per-block
+# compile, 97.54 with the updates inside the backward and 96.46 with them on a side stream: the AdamW
+# kernels do not run under the backward's matrix products, they queue behind them (backward 49.5 ->
+# 71.8 ms). Kept as switches (--optimizer-in-backward, --optimizer-stream) for the memory they save.
+FAST_OPTIMIZER_IN_BACKWARD: dict = {}
 
 
 def fast_path(device, dtype: str) -> dict:
