@@ -99,7 +99,7 @@ def test_bench_attention_plot(lmsys, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (("--impl", "flashy"), "unknown attention implementation"),
+    (("--impl", "flashy"), "attention implementation must be one of"),
     (("--preset", "fast"), "--preset must be one of leaderboard"),
     (("--seq-len", "0"), "--context-length"),  # --seq-len is the old spelling
     (("--steps", "0"), "--steps"),

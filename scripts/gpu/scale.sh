@@ -4,8 +4,10 @@
 #   a1  xl bf16 world 2: 1 process, bucketed 400 MiB, torch-ddp, fsdp, torch-fsdp (FSDP targets)
 #   c   10b bf16 world 2 batch 2: baseline row OOM, fsdp vs torch-fsdp
 #   comm  all-reduce, all-gather, reduce-scatter, broadcast 1MB..1GB with the bare loop
+#   b1    the 1-process row, bucketed 400 MiB and the bucket-optimizer lever (the other levers measured
+#         slower on 2026-12-01: docs/benchmarks/ddp.md)
 #   zero  bucketed 400 MiB with --shard-optimizer (ZeRO-1), against a1's plain AdamW row
-#   a2,a3 bucketed vs torch-ddp again (three repetitions in all), b1 the DDP levers
+#   a2,a3 bucketed vs torch-ddp again (three repetitions in all)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,16 +26,16 @@ run() {  # name seconds lmsys-args...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
 run a1_xl 170 ddp train $XL --strategy bucketed,torch-ddp,fsdp,torch-fsdp --bucket-mb 400 --steps 10
-run c_10b 120 ddp train --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 \
+run c_10b 200 ddp train --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 \
   --backend nccl --warmup 2 --steps 5 --strategy fsdp,torch-fsdp
 for c in allreduce all-gather reduce-scatter broadcast; do
-  run "comm_$c" 35 comm "$c" --backend nccl --world-size 2 --sizes 1MB,100MB,1GB --warmup 5 --iters 20 --baseline
+  run "comm_$c" 35 comm "$c" --backend nccl --world-size 2 --sizes 1MB,100MB,1GB --warmup 5 --steps 20 --baseline
 done
+run b1_levers 90 ddp train $XL --strategy bucketed --bucket-mb 400 --lever bucket-optimizer --steps 10
 run zero1 60 ddp train $XL --strategy bucketed --bucket-mb 400 --steps 10 --shard-optimizer --no-baseline
 run a2_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
 run a3_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
-run b1_levers 90 ddp train $XL --strategy bucketed --bucket-mb 400 --lever learned-order,grad-views,bucket-optimizer \
-  --steps 10 --no-baseline
 echo "done in $((SECONDS - START)) s"
 [ -f "$OUT/failures.txt" ] && cat "$OUT/failures.txt"
+(cd "$OUT" && tar -cf all.tar --exclude all.tar . && find . -type f ! -name all.tar -delete)  # one file back
 exit 0
