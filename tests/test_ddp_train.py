@@ -164,7 +164,7 @@ def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, p
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lever", "magic"], "--lever must be among"),
+    (["--lever", "magic"], "--lever must be one of"),
     (["--lever", "grad-views", "--strategy", "flat"], "--lever applies to the bucketed strategy"),
     (["--nccl-ctas", "0"], "--nccl-ctas must be >= 1"),
 ])

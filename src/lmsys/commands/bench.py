@@ -46,13 +46,14 @@ def e2e(
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
     from lmsys.core.errors import LmsysError
+    from lmsys.core.parsing import choose
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
-    if attn is not None and attn not in ATTENTION_IMPLS:
-        raise LmsysError(f"--attn: unknown attention implementation {attn!r}; choose from {', '.join(ATTENTION_IMPLS)}")
+    if attn is not None:
+        choose(attn, ATTENTION_IMPLS, what="attention implementation")
 
     from lmsys.bench import e2e as lib
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device

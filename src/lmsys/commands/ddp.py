@@ -41,7 +41,7 @@ def train(
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
-    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever, dtype=dtype)
+    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever)
     ctas = plan.set_nccl_ctas(nccl_ctas)
 
     from lmsys.core.results import Report
@@ -53,7 +53,7 @@ def train(
     launch.check_launch(backend, world_sizes)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
-    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype)
+    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype, runs=runs)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
     reports = []

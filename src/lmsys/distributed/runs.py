@@ -55,7 +55,7 @@ def _unique(value, what: str, choices: tuple[str, ...]) -> list[str]:
     return items
 
 
-def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, dtype: str) -> list[RunSpec]:
+def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str) -> list[RunSpec]:
     """The command line's strategy options -> the rows to run (every value checked, one-line errors)."""
     strategies = _unique(strategy, "--strategy", STRATEGIES) if strategy else list(STRATEGIES)
     bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
@@ -65,8 +65,6 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, dtype: 
     levers = _unique(lever, "--lever", BUCKET_LEVERS) if lever else []
     if levers and "bucketed" not in strategies:
         raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
-    if dtype == "fp16" and "fsdp" in strategies:
-        raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
     return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers)
 
 

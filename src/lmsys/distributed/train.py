@@ -37,13 +37,17 @@ from lmsys.distributed.runs import (BUCKET_LEVERS, COMM_DTYPES, LEARNING_RATE, S
                                    expand_runs)
 
 
-def check_model(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str) -> tuple[str, int]:
+def check_model(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
+                runs: list[RunSpec]) -> tuple[str, int]:
     """The model `ddp train` builds, checked once in the launching process (not on every rank): the
-    default size and context for the backend, the dtype on that device, a bad preset or YAML."""
+    default size and context for the backend, the dtype on that device and for the strategies, a bad
+    preset or YAML."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
 
     check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
+    if dtype == "fp16" and any(r.strategy in ("fsdp", "torch-fsdp") for r in runs):
+        raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
     size = size or ("small" if backend == "nccl" else "tiny")
     if context_length is None:  # an explicit 0 must reach the check below, not become the default
         context_length = 512 if backend == "nccl" else 128
