@@ -187,3 +187,21 @@ def test_memory_estimate_grows_with_the_model_and_batch():
     xl = estimate_training_bytes(get_config("xl"), batch_size=8, dtype="bf16")
     assert xl < 100 * 2**30  # the xl reference (world 2 x batch 4) fits
     assert requested_bytes(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0")) == "20.00 MiB"
+
+
+def test_mfu_column_against_the_closed_form(monkeypatch):
+    """MFU % of a ddp train row: 6·N per token + attention (by hand here) over the peak of every rank's GPU."""
+    from lmsys.core import devices
+    from lmsys.distributed.train import mfu_percent
+    from lmsys.model.config import get_config
+
+    cfg = get_config("tiny").with_overrides(context_length=64)
+    monkeypatch.setattr(devices, "peak_tflops", lambda device, dtype, tf32=None: 100.0)  # a stated peak
+    d, f, L, V, S = cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.vocab_size, cfg.context_length
+    per_token = 3 * (2 * (L * (4 * d * d + 3 * d * f) + d * V) + 4 * S * d * L)
+    tokens, ms = 2 * 4 * S, 12.5  # 2 ranks × batch 4
+    expected = 100 * per_token * tokens / (ms * 1e-3) / (2 * 100e12)
+    got = mfu_percent(cfg, tokens=tokens, step_ms=ms, device="cpu", dtype="bf16", processes=2)
+    assert got == pytest.approx(expected, rel=1e-12)
+    monkeypatch.setattr(devices, "peak_tflops", lambda device, dtype, tf32=None: None)  # no GPU: no MFU
+    assert mfu_percent(cfg, tokens=tokens, step_ms=ms, device="cpu", dtype="bf16", processes=2) is None

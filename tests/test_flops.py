@@ -84,3 +84,19 @@ def test_causal_convention_is_half_of_the_lower_triangle_counted_row_by_row():
     counted = _counted(causal_rows)  # 4·b·h·d·(1 + 2 + ... + s) = 4·b·h·d·s(s+1)/2
     convention = attention_flops(batch=b, heads=h, n_queries=s, n_keys=s, d_head=d, causal=True, direction="fwd")
     assert counted == pytest.approx(convention * (s + 1) / s)  # half the square, plus the diagonal
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_model_flops_count_the_matmul_weights_of_the_model_with_grouped_query_attention(kv_heads):
+    """2 FLOPs per matmul weight per token forward (plus attention's two products): the weights counted
+    from the built model's Linear layers, so k and v shrink with fewer key/value heads."""
+    from lmsys.core.flops import model_flops
+    from lmsys.model.config import get_config
+    from lmsys.model.transformer import Linear, TransformerLM
+
+    cfg = get_config("tiny").with_overrides(num_kv_heads=kv_heads, context_length=32)
+    model = TransformerLM(cfg, device="cpu")
+    linear = sum(p.numel() for m in model.modules() if isinstance(m, Linear) for p in m.parameters())
+    attention = 4 * cfg.context_length * cfg.d_model * cfg.num_layers
+    assert model_flops(cfg, batch_size=1, seq_len=cfg.context_length, backward=False) == pytest.approx(
+        (2 * linear + attention) * cfg.context_length)

@@ -17,8 +17,12 @@ ATTENTION_RATE_NOTE = ("TFLOP/s: 4·b·h·s²·d forward, 2.5× that backward, h
 
 
 def model_flops_per_token(*, d_model: int, d_ff: int, num_layers: int, vocab_size: int,
-                          seq_len: int, backward: bool) -> float:
-    matmul_params = num_layers * (4 * d_model * d_model + 3 * d_model * d_ff) + d_model * vocab_size
+                          seq_len: int, backward: bool, kv_dim: int | None = None) -> float:
+    """kv_dim: the width of the key and of the value projection (d_model, or fewer with grouped-query
+    attention: key/value heads × head dim)."""
+    kv_dim = d_model if kv_dim is None else kv_dim
+    attn_params = 2 * d_model * d_model + 2 * d_model * kv_dim  # q and output; k and v
+    matmul_params = num_layers * (attn_params + 3 * d_model * d_ff) + d_model * vocab_size
     attn = 4 * seq_len * d_model * num_layers  # QKᵀ and PV, forward, per token
     forward = 2 * matmul_params + attn
     return 3 * forward if backward else forward
@@ -29,6 +33,7 @@ def model_flops(config, *, batch_size: int, seq_len: int, backward: bool) -> flo
     per_token = model_flops_per_token(
         d_model=config.d_model, d_ff=config.d_ff, num_layers=config.num_layers,
         vocab_size=config.vocab_size, seq_len=seq_len, backward=backward,
+        kv_dim=getattr(config, "kv_heads", config.num_heads) * config.d_head,
     )
     return per_token * batch_size * seq_len
 

@@ -94,7 +94,8 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
         "ms/step and phases: medians over the timed steps (rank 0). comm wait: time in "
         "finish_gradient_synchronization() after backward (torch-ddp and fsdp communicate inside backward).",
         "peak MiB/rank: max over ranks of torch's peak allocation (GPU only). optim MiB/rank: max over ranks "
-        "of the optimizer's state tensors. tokens/s: all ranks' tokens.",
+        "of the optimizer's state tensors. tokens/s: all ranks' tokens. MFU %: model FLOPs (6·N per token "
+        "+ attention, lmsys.core.flops) over the peak of all ranks' GPUs for the dtype (GPU only).",
         "scaling eff %: 1-process step time at the same per-rank batch / step time (weak scaling, 100 = perfect).",
         "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
         "trained on the full batch with the same seed and data.",

@@ -202,7 +202,8 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     stats = timer.stats()
     tokens = batches[0][0].numel()
-    row = _timing_row(label, stats, tokens=tokens, peak=peak, optimizer="AdamW", optim_bytes=optim_bytes)
+    util = mfu_percent(config, tokens=tokens, step_ms=stats["step"].median, device=device, dtype=dtype, processes=1)
+    row = _timing_row(label, stats, tokens=tokens, peak=peak, optimizer="AdamW", optim_bytes=optim_bytes, mfu=util)
     return row, params
 
 
@@ -239,8 +240,11 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
     optimizer_name = ("AdamW, ZeRO-1 sharded" if sharded else
                       "AdamW on shards" if spec.strategy in ("fsdp", "torch-fsdp") else
                       "AdamW per bucket, in finish" if spec.lever == "bucket-optimizer" else "AdamW")
-    return _timing_row(spec.label, stats, tokens=batches[0][0].numel() * ctx.world_size, peak=peak,
-                       optimizer=optimizer_name, parity=parity, single_ms=single_ms, optim_bytes=optim_bytes)
+    tokens = batches[0][0].numel() * ctx.world_size
+    util = mfu_percent(config, tokens=tokens, step_ms=stats["step"].median, device=ctx.device, dtype=dtype,
+                       processes=ctx.world_size)
+    return _timing_row(spec.label, stats, tokens=tokens, peak=peak, optimizer=optimizer_name, parity=parity,
+                       single_ms=single_ms, optim_bytes=optim_bytes, mfu=util)
 
 
 def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.optim.Optimizer:
@@ -320,12 +324,25 @@ def _max_over_ranks(ctx: RankContext, value: Optional[int]) -> Optional[int]:
 
 
 ROW_KEYS = ("strategy", "optimizer", "ms/step", "forward ms", "backward ms", "comm wait ms", "optimizer ms",
-            "peak MiB/rank", "optim MiB/rank", "tokens/s", "scaling eff %", "parity max|Δθ|", "status")
+            "peak MiB/rank", "optim MiB/rank", "tokens/s", "MFU %", "scaling eff %", "parity max|Δθ|", "status")
+
+
+def mfu_percent(config: ModelConfig, *, tokens: int, step_ms: float, device, dtype: str, processes: int):
+    """Model FLOPs utilisation of all `processes` GPUs together (lmsys.core.flops' convention: 6·N per
+    token plus attention), or None off a GPU or for a GPU without a known peak."""
+    from lmsys.core.devices import peak_tflops
+    from lmsys.core.flops import mfu, model_flops
+
+    flops = model_flops(config, batch_size=tokens // config.context_length, seq_len=config.context_length,
+                        backward=True)
+    peak = peak_tflops(torch.device(device), dtype)
+    util = mfu(flops, step_ms, None if peak is None else peak * processes)
+    return None if util is None else 100 * util
 
 
 def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optional[int], optimizer: str,
                 parity: Optional[float] = None, single_ms: Optional[float] = None,
-                optim_bytes: Optional[int] = None) -> dict:
+                optim_bytes: Optional[int] = None, mfu: Optional[float] = None) -> dict:
     step_ms = stats["step"].median
 
     def median(name):
@@ -342,6 +359,7 @@ def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optio
         "peak MiB/rank": None if peak is None else peak / MiB,
         "optim MiB/rank": None if optim_bytes is None else optim_bytes / MiB,
         "tokens/s": tokens / (step_ms * 1e-3),  # all ranks' tokens per step / step time
+        "MFU %": mfu,
         # weak scaling: same per-rank batch, so perfect scaling keeps the 1-process step time
         "scaling eff %": None if single_ms is None else 100 * single_ms / step_ms,
         "parity max|Δθ|": parity,
