@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.train.step import TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
+from lmsys.train.step import ADAMW_DEFAULTS, TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -254,7 +254,11 @@ def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.o
         from lmsys.distributed.ddp import StepInFinish
 
         return StepInFinish(wrapped)
-    return make_optimizer(wrapped.parameters(), lr=LEARNING_RATE, sharded=sharded)
+    if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)
+        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+
+        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=LEARNING_RATE, **ADAMW_DEFAULTS)
+    return make_optimizer(wrapped.parameters(), lr=LEARNING_RATE)
 
 
 def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):

@@ -259,16 +259,14 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
                      autocast=not workload.master_weights)
 
 
-def make_optimizer(params, *, lr: float, kind: str = "adamw", master_weights: bool = False,
-                   sharded: bool = False) -> torch.optim.Optimizer:
-    """The one AdamW (weight decay 0.01) every tool trains with: foreach or fused (`kind`), the Triton
-    master-weight AdamW for bf16 weights, or ZeRO-1 sharded over the process group (`sharded`)."""
-    kw = dict(lr=lr, weight_decay=0.01)
-    choose(kind, OPTIMIZER_CHOICES, what="--optimizer")
-    if sharded:
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+ADAMW_DEFAULTS = dict(weight_decay=0.01)  # every tool's AdamW (ZeRO-1's too: lmsys.distributed.train)
 
-        return ShardedOptimizer(params, torch.optim.AdamW, **kw)
+
+def make_optimizer(params, *, lr: float, kind: str = "adamw", master_weights: bool = False) -> torch.optim.Optimizer:
+    """The one AdamW (weight decay 0.01) every tool trains with: foreach or fused (`kind`), or the Triton
+    master-weight AdamW for bf16 weights."""
+    kw = dict(lr=lr, **ADAMW_DEFAULTS)
+    choose(kind, OPTIMIZER_CHOICES, what="--optimizer")
     if master_weights:
         from lmsys.kernels.adamw import MasterWeightAdamW
 
