@@ -57,6 +57,31 @@ def test_markdown_renderer():
     assert "- **device**: cpu" in md and "a note" in md
 
 
+def test_markdown_renderer_exact_bytes():
+    # The docs paste these tables: unpadded cells, a `|---|` rule, numbers as `_fmt` wrote them (tabulate
+    # must not re-parse "007" or "1e3"), a missing cell as an em dash.
+    report = Report(
+        "demo",
+        [{"config": "small", "ms/step": MeanStd(12.345, 0.25), "tokens/s": 81234.5, "code": "007"},
+         {"config": "1e3", "ms/step": None, "status": "OOM"}],
+        meta={"device": "cpu", "steps": 10},
+        notes=["ms/step: mean ± std over 10 steps."],
+    )
+    assert to_markdown(report) == (
+        "### demo\n"
+        "\n"
+        "- **device**: cpu\n"
+        "- **steps**: 10\n"
+        "\n"
+        "| config | ms/step | tokens/s | code | status |\n"
+        "|---|---|---|---|---|\n"
+        "| small | 12.35 ± 0.25 | 81,234 | 007 | — |\n"
+        "| 1e3 | — | — | — | OOM |\n"
+        "\n"
+        "ms/step: mean ± std over 10 steps.\n"
+    )
+
+
 def test_csv_renderer_expands_mean_std():
     text = to_csv(REPORT)
     lines = [l for l in text.splitlines() if not l.startswith("#")]

@@ -390,3 +390,73 @@ def test_fsdp_keeps_a_shard_per_rank_with_uneven_rows():
         for info in infos:
             # a third of every flat buffer, padded by fewer than 3 elements each
             assert 0 <= 3 * info["shard_numel"] - full < 3 * info["groups"], info
+
+
+# ------------------------------------------------------------------- the AVG path every NCCL run takes
+
+AVG_SCENARIOS = [dict(model=model, opt="sgd", wrap=wrap, mb=mb)
+                 for model in ("frozen", "tied")
+                 for wrap, mb in (("naive", None), ("flat", None), ("overlap", None), ("bucketed", 1000.0),
+                                  ("bucketed", 0.0011), ("bucketed-bf16", 0.0011))]
+
+
+def _avg_id(s: dict) -> str:
+    return f"{s['wrap']}-{s['model']}" + (f"-{s['mb']:g}MiB" if s["mb"] is not None else "")
+
+
+def avg_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
+    """The wrappers with `_averaging_op` forced to NCCL's answer (AVG inside the collective, no
+    prescale), over gloo; records "unsupported" if this torch's gloo refuses AVG."""
+    from lmsys.distributed import ddp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=60))
+    results: dict = {}
+    probe = torch.full((3,), float(rank + 1))
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            t = probe.to(dtype)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            if not torch.equal(t.float(), torch.full((3,), (world + 1) / 2)):
+                raise RuntimeError(f"AVG in {dtype} gave {t.tolist()}")
+    except (RuntimeError, ValueError) as exc:  # gloo without AVG (older torch)
+        results["unsupported"] = str(exc).splitlines()[0]
+    if "unsupported" not in results:
+        ddp._averaging_op = lambda: (dist.ReduceOp.AVG, None)
+        batches = make_data(world)
+        for s in AVG_SCENARIOS:
+            final, info = train_distributed(s, batches, rank, world)
+            ref = train_reference(s, batches)
+            results[_avg_id(s)] = dict(diff=max((final[n].float() - ref[n]).abs().max().item() for n in ref),
+                                       disagree=ranks_disagree(final))
+        # the wrappers really took the AVG path
+        wrapped = ddp.NaiveDDP(make_model("tied"))
+        results["op"] = [str(wrapped._op), wrapped._prescale]
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_every_ddp_wrapper_matches_single_process_training_with_reduce_op_avg():
+    """NCCL averages inside the collective (ReduceOp.AVG, no 1/world prescale): the path every GPU run
+    takes. Forced here over gloo, which has AVG on recent torch; each wrapper must still equal
+    one process training on the full batch."""
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        mp.spawn(avg_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True)
+        with open(out) as f:
+            results = json.load(f)
+    if "unsupported" in results:
+        pytest.skip(f"gloo has no ReduceOp.AVG here: {results['unsupported']}")
+    assert results["op"] == [str(dist.ReduceOp.AVG), None]
+    failures = []
+    for s in AVG_SCENARIOS:
+        r = results[_avg_id(s)]
+        tol = _tolerance(s)
+        if r["diff"] > tol or r["disagree"] != 0.0:
+            failures.append(f"{_avg_id(s)}: max|Δθ| {r['diff']:.2e} (tol {tol:.0e}), ranks disagree by {r['disagree']:.2e}")
+    assert not failures, "\n".join(failures)

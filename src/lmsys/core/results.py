@@ -8,6 +8,7 @@ Commands hand a `Report` to `render`, which writes to the terminal and, with `--
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -86,6 +87,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _pipe_format():
+    """GitHub's pipe table as the docs show it: cells unpadded, a fixed `|---|` rule under the header."""
+    from tabulate import DataRow, TableFormat
+
+    row = DataRow("|", "|", "|")
+    return TableFormat(
+        lineabove=None,
+        linebelowheader=lambda widths, _aligns: "|" + "|".join("---" for _ in widths) + "|",
+        linebetweenrows=None,
+        linebelow=None,
+        headerrow=row,
+        datarow=row,
+        padding=1,
+        with_header_hide=None,
+    )
+
+
+def markdown_table(headers: list[str], cells: list[list[str]]) -> str:
+    """A pipe table of already formatted strings, rendered by tabulate without number parsing or
+    alignment: `_fmt` decides how a number reads, and the tables in the docs stay byte for byte."""
+    from tabulate import tabulate
+
+    return tabulate(cells, headers=headers, tablefmt=_pipe_format(), disable_numparse=True, stralign=None, numalign=None)
+
+
 def to_markdown(report: Report) -> str:
     out = io.StringIO()
     out.write(f"### {report.title}\n\n")
@@ -95,10 +122,7 @@ def to_markdown(report: Report) -> str:
         out.write("\n")
     cols = report.columns
     if cols:
-        out.write("| " + " | ".join(cols) + " |\n")
-        out.write("|" + "|".join("---" for _ in cols) + "|\n")
-        for row in report.rows:
-            out.write("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |\n")
+        out.write(markdown_table(cols, [[_fmt(row.get(c)) for c in cols] for row in report.rows]) + "\n")
     for note in report.notes:
         out.write(f"\n{note}\n")
     return out.getvalue()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
+from einops import rearrange
 
 from lmsys.kernels.shapes import check_qkv
 
@@ -47,8 +48,10 @@ def _group(q, k) -> int:
 
 
 def _grouped(q, k, v, group: int):
-    """q [..., Hq, n, d] -> [..., Hkv, G, n, d]; k, v [..., Hkv, n, d] -> [..., Hkv, 1, n, d] (views)."""
-    return q.unflatten(-3, (k.shape[-3], group)), k.unsqueeze(-3), v.unsqueeze(-3)
+    """q [..., Hq, n, d] -> [..., Hkv, G, n, d]; k, v [..., Hkv, n, d] -> [..., Hkv, 1, n, d] (views).
+    Query head h = hkv·G + g shares key/value head hkv, as SDPA's `enable_gqa` and the Triton kernel."""
+    return (rearrange(q, "... (hkv g) n d -> ... hkv g n d", g=group),
+            rearrange(k, "... hkv n d -> ... hkv 1 n d"), rearrange(v, "... hkv n d -> ... hkv 1 n d"))
 
 
 def flash_forward(q, k, v, is_causal: bool = False, *, q_tile: int = DEFAULT_Q_TILE,
@@ -59,7 +62,7 @@ def flash_forward(q, k, v, is_causal: bool = False, *, q_tile: int = DEFAULT_Q_T
     if group == 1:
         return _forward_tiles(q, k, v, is_causal, q_tile, k_tile)
     o, lse = _forward_tiles(*_grouped(q, k, v, group), is_causal, q_tile, k_tile)
-    return o.flatten(-4, -3), lse.flatten(-3, -2)
+    return rearrange(o, "... hkv g n d -> ... (hkv g) n d"), rearrange(lse, "... hkv g n -> ... (hkv g) n")
 
 
 def _forward_tiles(q, k, v, is_causal: bool, q_tile: int, k_tile: int):
@@ -97,11 +100,12 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, q_tile: int 
     group = _group(q, k)
     if group == 1:
         return _backward_tiles(q, k, v, o, lse, do, is_causal, q_tile, k_tile)
-    qg, kg, vg = _grouped(q, k, v, group)
-    heads = qg.shape[-4:-2]  # (Hkv, G)
-    dq, dk, dv = _backward_tiles(qg, kg, vg, o.unflatten(-3, heads), lse.unflatten(-2, heads), do.unflatten(-3, heads),
-                                 is_causal, q_tile, k_tile)
-    return dq.flatten(-4, -3), dk.squeeze(-3), dv.squeeze(-3)
+    split = "... (hkv g) n d -> ... hkv g n d"
+    dq, dk, dv = _backward_tiles(*_grouped(q, k, v, group), rearrange(o, split, g=group),
+                                 rearrange(lse, "... (hkv g) n -> ... hkv g n", g=group),
+                                 rearrange(do, split, g=group), is_causal, q_tile, k_tile)
+    return (rearrange(dq, "... hkv g n d -> ... (hkv g) n d"),
+            rearrange(dk, "... hkv 1 n d -> ... hkv n d"), rearrange(dv, "... hkv 1 n d -> ... hkv n d"))
 
 
 def _backward_tiles(q, k, v, o, lse, do, is_causal: bool, q_tile: int, k_tile: int):
