@@ -106,7 +106,7 @@ def test_a_dead_node_ends_the_other_within_the_timeout():
                     "--iters", "100000", "--format", "json"], port=free_port())
     node0, node1 = procs
     try:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 90  # generous: two torchrun agents on two busy cores
         while not (workers(node0) and workers(node1)):
             assert time.monotonic() < deadline, "the agents never started their workers"
             assert node0.poll() is None and node1.poll() is None, "an agent ended before the kill"
@@ -115,12 +115,13 @@ def test_a_dead_node_ends_the_other_within_the_timeout():
         assert node0.poll() is None
         kill_node(node1)  # node 1 dies: its agent and its worker
         killed = time.monotonic()
-        (code0, out0, err0), = finish([node0], timeout=TIMEOUT_S + 25)
+        (code0, out0, err0), = finish([node0], timeout=TIMEOUT_S + 60)
         elapsed = time.monotonic() - killed
     finally:
         for p in procs:
             if p.poll() is None:
                 kill_node(p)
     assert code0 != 0, err0
-    assert elapsed < TIMEOUT_S + 20, elapsed  # not a hang: the collective's timeout at most, plus teardown
+    assert elapsed < TIMEOUT_S + 45, elapsed  # not a hang: the collective's timeout at most, plus teardown
+    # (on a loaded 2-core machine the teardown of torch and torchrun alone took up to ~25 s)
     assert out0.strip() == ""  # no report from a job that did not finish
