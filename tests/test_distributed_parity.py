@@ -16,6 +16,7 @@ import os
 import tempfile
 from datetime import timedelta
 
+import gloo_world
 import pytest
 import torch
 import torch.distributed as dist
@@ -257,17 +258,8 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-_CACHE: dict[int, dict] = {}
-
-
 def run_world(world: int) -> dict:
-    if world not in _CACHE:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "results.json")
-            mp.spawn(worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True)
-            with open(out) as f:
-                _CACHE[world] = json.load(f)
-    return _CACHE[world]
+    return gloo_world.run_world(worker, world)
 
 
 # ---------------------------------------------------------------------------------------------- tests

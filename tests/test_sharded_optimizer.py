@@ -10,14 +10,12 @@ steps and one that never gets a gradient.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import timedelta
 
+import gloo_world
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 SHAPES = {"a": (7, 5), "b": (13,), "c": (3, 3, 3), "d": (1,), "e": (40,), "f": (6, 11), "g": (5,)}
 GROUP_1 = ("e", "f", "g")  # second param group: other lr and weight decay
@@ -118,17 +116,8 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-_CACHE: dict[int, dict] = {}
-
-
 def run_world(world: int) -> dict:
-    if world not in _CACHE:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out.json")
-            mp.spawn(worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True)
-            with open(out) as f:
-                _CACHE[world] = json.load(f)
-    return _CACHE[world]
+    return gloo_world.run_world(worker, world)
 
 
 TOTAL = sum(torch.Size(s).numel() for s in SHAPES.values())
