@@ -16,8 +16,15 @@ app = typer.Typer(help="Profiling: nsys / torch.profiler time breakdowns, memory
 SizeOpt = Annotated[Optional[str], typer.Option(
     "--size", help="Preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config. Default: small on a GPU, tiny on a CPU.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
-OutDirOpt = Annotated[Path, typer.Option("--out-dir", help="Where the report, trace, CSVs, snapshot and PNG go.")]
-TopOpt = Annotated[int, typer.Option("--top", help="Rows in the top-kernels / largest-allocations tables.")]
+NsysOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
+    "Where the files go: with --engine nsys the .nsys-rep, the `nsys stats` CSVs, the nsys log and the step's "
+    "spec/result JSON; with --engine torch the Chrome trace (.trace.json)."))]
+NsysTopOpt = Annotated[int, typer.Option("--top", help=(
+    "Rows in the top-kernels tables (all measured steps, and inside --range); on a CPU, top operators."))]
+MemoryOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
+    "Where the files go: the snapshot pickle and the timeline PNG (one of each per context length; "
+    "with --snapshot, the PNG only)."))]
+MemoryTopOpt = Annotated[int, typer.Option("--top", help="Rows in the largest-allocations table.")]
 
 
 def _say(message: str) -> None:
@@ -63,11 +70,11 @@ def nsys(
     engine: Annotated[str, typer.Option(help="nsys (Nsight Systems) | torch (torch.profiler; works on a CPU).")] = "nsys",
     trace: Annotated[str, typer.Option(help="nsys --trace APIs.")] = DEFAULT_TRACE,
     range_name: Annotated[str, typer.Option("--range", help="Range whose top kernels to list.")] = "FWD_STEP",
-    top: TopOpt = 10,
+    top: NsysTopOpt = 10,
     annotate_attention: Annotated[bool, typer.Option(
-        "--annotate-attention", help="Attention with ATTN_QK_MATMUL / ATTN_SOFTMAX / ATTN_AV_MATMUL ranges.")] = False,
+        "--annotate-attention", metavar="", help="Attention with ATTN_QK_MATMUL / ATTN_SOFTMAX / ATTN_AV_MATMUL ranges.")] = False,
     nsys_args: Annotated[str, typer.Option(help="Extra `nsys profile` options, e.g. '--cuda-memory-usage=true'.")] = "",
-    out_dir: OutDirOpt = Path("lmsys-out/profile"),
+    out_dir: NsysOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
@@ -140,11 +147,11 @@ def memory(
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train.")] = "train",
     steps: Annotated[int, typer.Option(help="Recorded steps (the first one also creates the optimizer state).")] = 2,
     device: DeviceOpt = "auto",
-    top: TopOpt = 10,
+    top: MemoryTopOpt = 10,
     snapshot: Annotated[Optional[Path], typer.Option(
         help="Render this snapshot pickle (from a GPU run, or torch.cuda.memory._dump_snapshot) instead of running.")] = None,
     max_entries: Annotated[int, typer.Option(help="Allocator events kept in the history (older ones drop out).")] = 1_000_000,
-    out_dir: OutDirOpt = Path("lmsys-out/profile"),
+    out_dir: MemoryOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
