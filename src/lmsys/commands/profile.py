@@ -7,14 +7,16 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
-                                    emit, track)
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size,
+                                    check_render_options, emit, track)
 from lmsys.profiling.nsys import DEFAULT_TRACE
 
 app = typer.Typer(help="Profiling: nsys / torch.profiler time breakdowns, memory timelines.", no_args_is_help=True)
 
-SizeOpt = Annotated[Optional[str], typer.Option(
-    "--size", help="Preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config. Default: small on a GPU, tiny on a CPU.")]
+SizeOpt = Annotated[Optional[str], typer.Option("--size", help=(
+    "One preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config, not a comma list: a profile "
+    "looks at one configuration at a time. Default: small on a GPU, tiny on a CPU."))]
+ONE_AT_A_TIME = "a profile looks at one configuration at a time"
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
 NsysOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
     "Where the files go: with --engine nsys the .nsys-rep, the `nsys stats` CSVs, the nsys log and the step's "
@@ -37,11 +39,8 @@ def _say(message: str) -> None:
 
 def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive"):
     from lmsys.bench.e2e import default_size, resolve_configs
-    from lmsys.core.errors import LmsysError
 
     name = size or default_size(dev)
-    if "," in name:
-        raise LmsysError("--size takes one preset here (profile one configuration at a time)")
     return resolve_configs([name], context_length=context_length, attn_impl=attn_impl)[0]
 
 
@@ -90,6 +89,7 @@ def nsys(
 
     check_render_options(format, output)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
+    check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
     check_mode(mode)
     choose(engine, lib.ENGINES, what="--engine")
     try:
@@ -160,6 +160,7 @@ def memory(
 
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
+    check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
         timeline = lib.analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
