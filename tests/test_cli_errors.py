@@ -171,7 +171,8 @@ def test_a_snapshot_directory_is_called_a_directory(lmsys, tmp_path):
     ["bench", "e2e", "--format", "bogus"], ["bench", "attention", "--device", "tpu"],
     ["comm", "allreduce", "--dtype", "fp8"], ["ddp", "train", "--format", "xml"], ["precision", "--format", "x"],
     ["flash", "check", "--seed", "-5"], ["profile", "memory", "--format", "bogus"],
-    ["bench", "e2e", "--attn", "bogus"],
+    ["bench", "e2e", "--attn", "bogus"], ["profile", "nsys", "--size", "tiny,small"],
+    ["profile", "memory", "--size", "tiny,small"], ["ddp", "train", "--size", "tiny,small"],
 ])
 def test_option_errors_answer_before_torch_is_imported(args):
     code = ("import sys; from lmsys.cli import main\n"
@@ -284,10 +285,11 @@ def test_ddp_world_size_takes_a_list(lmsys, monkeypatch):
 
 
 def test_help_lists_every_attention_impl_and_flags_have_no_bool_metavar(lmsys):
+    from lmsys.profiling import nvtx  # noqa: F401 - registers `annotated`
     from lmsys.kernels.attention import IMPLS
     from lmsys.model.config import ATTENTION_IMPLS
 
-    assert tuple(IMPLS) == ATTENTION_IMPLS
+    assert set(IMPLS) == set(ATTENTION_IMPLS)  # the registry's order is the import order
     r = lmsys("bench", "e2e", "--help")
     text = " ".join(r.out.split())
     for name in ATTENTION_IMPLS:
@@ -295,3 +297,32 @@ def test_help_lists_every_attention_impl_and_flags_have_no_bool_metavar(lmsys):
     for line in r.out.splitlines():
         if "--help" not in line:  # typer 0.29 renders its own --help so; pyproject keeps typer < 0.29
             assert "<bool>" not in line, line
+
+
+@pytest.mark.parametrize("cmd", [["profile", "nsys", "--engine", "torch"], ["profile", "memory"], ["ddp", "train"]])
+def test_a_size_list_where_one_model_is_run_is_one_line(lmsys, cmd):
+    line = one_line(lmsys(*cmd, "--size", "tiny,small", "--device", "cpu"))
+    assert line.startswith(f"error: --size tiny,small: {' '.join(cmd[:2])} takes one preset or .yaml config, not a list")
+    assert line.endswith("run it once per size")
+
+
+def test_every_help_states_its_warmup_default_and_whether_size_is_a_list(lmsys, monkeypatch):
+    """Warm-up defaults differ by command (the docs show them): each help says its own."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+
+    def option_line(args: list[str], option: str) -> str:
+        r = lmsys(*args, "--help")
+        assert r.code == 0, r.err
+        lines = [ln for ln in r.out.splitlines() if ln.lstrip("│ ").startswith(option + " ")
+                 or ln.lstrip("│ ").startswith(option + ",")]
+        assert len(lines) == 1, (args, option, r.out)
+        return " ".join(lines[0].split())
+
+    for args, default in [(["bench", "e2e"], 5), (["profile", "nsys"], 3), (["comm", "allreduce"], 5),
+                          (["ddp", "train"], 3)]:
+        assert f"[default: {default}]" in option_line(args, "--warmup"), args
+    attention = option_line(["bench", "attention"], "--warmup")
+    assert "seed: 10" in attention and "CPU: 1" in attention  # its default depends on the device
+    assert "comma-separated" in option_line(["bench", "e2e"], "--size")
+    for args in (["profile", "nsys"], ["profile", "memory"], ["ddp", "train"]):
+        assert "not a comma list" in option_line(args, "--size"), args

@@ -18,3 +18,19 @@ def test_version(lmsys):
 
     r = lmsys("--version")
     assert r.code == 0 and r.out.strip() == f"lmsys {__version__}"
+
+
+def test_ci_runs_the_readme_quick_start_as_it_stands():
+    """README's two quick-start commands install torch the same way, and .ci/run runs the second verbatim."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    bench, test = block.strip().splitlines()
+    install = "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu && "
+    assert bench == install + "pip install -e . && lmsys bench e2e"
+    assert test == install + "pip install -e '.[test]' && pytest -q"
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert test in ci
+    assert not [line for line in ci if "pip install" in line and "torch" in line and line != test]

@@ -105,6 +105,25 @@ def test_option_errors_are_exit_2(lmsys):
     assert r.code == 2 and r.err.startswith("error: --nsys-args: cannot split") and "Traceback" not in r.err
 
 
+def test_help_of_top_and_out_dir_names_each_commands_own_outputs():
+    """profile nsys and profile memory share option names, not outputs: each help says what that command writes."""
+    import typer
+
+    from lmsys.commands.profile import app
+
+    group = typer.main.get_command(app)
+    helps = {name: {p.name: " ".join((p.help or "").split()) for p in group.commands[name].params}
+             for name in ("nsys", "memory")}
+    assert ".nsys-rep" in helps["nsys"]["out_dir"] and "Chrome trace" in helps["nsys"]["out_dir"]
+    assert "top-kernels" in helps["nsys"]["top"] and "allocation" not in helps["nsys"]["top"]
+    for word in ("snapshot", "PNG"):
+        assert word not in helps["nsys"]["out_dir"] and word in helps["memory"]["out_dir"]
+    assert "largest-allocations" in helps["memory"]["top"] and "kernel" not in helps["memory"]["top"]
+    assert ".nsys-rep" not in helps["memory"]["out_dir"]
+    flag = next(p for p in group.commands["nsys"].params if p.name == "annotate_attention")
+    assert flag.metavar == ""  # no <bool> metavar for a flag that takes no value
+
+
 def test_an_out_dir_that_cannot_be_made_is_exit_2(lmsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -65,3 +65,36 @@ def test_operators_are_attributed_to_the_range_they_ran_in():
     assert prof.by_range["FWD_STEP"] == [Timed("aten::mm", 2, 30_000)]
     assert prof.by_range["BWD_STEP"] == [Timed("aten::mul", 1, 5_000)]
     assert [t.name for t in prof.top] == ["aten::mm", "aten::add", "aten::mul"]  # outside ranges too
+
+
+def test_the_cli_run_prints_no_kineto_usdt_lines(tmp_path):
+    """Kineto writes `USDT:... profiler_start` / `profiler_stop` to the C-level stderr at each trace start
+    and stop, once per process: a fresh `lmsys` process shows only lmsys's own stderr line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import lmsys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(lmsys.__file__).resolve().parents[1]))
+    env.pop("KINETO_LOG_LEVEL", None)
+    proc = subprocess.run([sys.executable, "-m", "lmsys", *COMMON, "--device", "cpu", "--steps", "1",
+                           "--out-dir", str(tmp_path), "--format", "json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("chrome trace:"), proc.stderr
+    assert json.loads(proc.stdout)[0]["rows"]  # the tables still reach stdout
+
+
+def test_usdt_filter_keeps_every_other_stderr_line_in_order(capfd):
+    import os
+
+    with torch_engine.without_usdt_lines():
+        os.write(2, b"USDT:2026-12-01 00:58:30 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"ERROR:kineto says something real\n")
+        os.write(2, b"USDT:... profiler_stop\nlast line without newline")
+    os.write(2, b"\nafter: fd 2 is back\n")
+    err = capfd.readouterr().err
+    assert err == "ERROR:kineto says something real\nlast line without newline\nafter: fd 2 is back\n"

@@ -44,6 +44,16 @@ def check_counts(**values: tuple[int, int]) -> None:
             raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
+def check_one_size(size: Optional[str], *, command: str, why: str) -> None:
+    """--size is one preset or .yaml where a run looks at one model (`bench e2e` takes a comma list):
+    a list there is one line, before torch is imported."""
+    from lmsys.core.errors import LmsysError
+
+    if size is not None and "," in size:
+        raise LmsysError(f"--size {size}: {command} takes one preset or .yaml config, not a list ({why}); "
+                         "run it once per size")
+
+
 def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str):
     """`lmsys.distributed.launch.run`; a failed rank ends the command with its error on one line and
     exit code 1 (a crash, not a user error). None on torchrun workers other than rank 0."""

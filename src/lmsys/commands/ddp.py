@@ -6,7 +6,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
+from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size, check_render_options,
+                                    emit, run_on_ranks)
 
 app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP and FSDP2.", no_args_is_help=True)
 
@@ -20,7 +21,7 @@ def train(
     nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
     shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", metavar="", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
-    size: Annotated[Optional[str], typer.Option(help="Model preset (tiny ... 10b) or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
+    size: Annotated[Optional[str], typer.Option(help="One model preset (tiny ... 10b) or a .yaml config, not a comma list (one model per run). Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per rank per step.")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
     dtype: DtypeOpt = "fp32",
@@ -40,6 +41,7 @@ def train(
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
+    check_one_size(size, command="ddp train", why="one model per run")
     requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
     runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever)
     ctas = plan.set_nccl_ctas(nccl_ctas)

@@ -7,17 +7,26 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
-                                    emit, track)
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size,
+                                    check_render_options, emit, track)
 from lmsys.profiling.nsys import DEFAULT_TRACE
 
 app = typer.Typer(help="Profiling: nsys / torch.profiler time breakdowns, memory timelines.", no_args_is_help=True)
 
-SizeOpt = Annotated[Optional[str], typer.Option(
-    "--size", help="Preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config. Default: small on a GPU, tiny on a CPU.")]
+SizeOpt = Annotated[Optional[str], typer.Option("--size", help=(
+    "One preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config, not a comma list: a profile "
+    "looks at one configuration at a time. Default: small on a GPU, tiny on a CPU."))]
+ONE_AT_A_TIME = "a profile looks at one configuration at a time"
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
-OutDirOpt = Annotated[Path, typer.Option("--out-dir", help="Where the report, trace, CSVs, snapshot and PNG go.")]
-TopOpt = Annotated[int, typer.Option("--top", help="Rows in the top-kernels / largest-allocations tables.")]
+NsysOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
+    "Where the files go: with --engine nsys the .nsys-rep, the `nsys stats` CSVs, the nsys log and the step's "
+    "spec/result JSON; with --engine torch the Chrome trace (.trace.json)."))]
+NsysTopOpt = Annotated[int, typer.Option("--top", help=(
+    "Rows in the top-kernels tables (all measured steps, and inside --range); on a CPU, top operators."))]
+MemoryOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
+    "Where the files go: the snapshot pickle and the timeline PNG (one of each per context length; "
+    "with --snapshot, the PNG only)."))]
+MemoryTopOpt = Annotated[int, typer.Option("--top", help="Rows in the largest-allocations table.")]
 
 
 def _say(message: str) -> None:
@@ -30,11 +39,8 @@ def _say(message: str) -> None:
 
 def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive"):
     from lmsys.bench.e2e import default_size, resolve_configs
-    from lmsys.core.errors import LmsysError
 
     name = size or default_size(dev)
-    if "," in name:
-        raise LmsysError("--size takes one preset here (profile one configuration at a time)")
     return resolve_configs([name], context_length=context_length, attn_impl=attn_impl)[0]
 
 
@@ -63,11 +69,11 @@ def nsys(
     engine: Annotated[str, typer.Option(help="nsys (Nsight Systems) | torch (torch.profiler; works on a CPU).")] = "nsys",
     trace: Annotated[str, typer.Option(help="nsys --trace APIs.")] = DEFAULT_TRACE,
     range_name: Annotated[str, typer.Option("--range", help="Range whose top kernels to list.")] = "FWD_STEP",
-    top: TopOpt = 10,
+    top: NsysTopOpt = 10,
     annotate_attention: Annotated[bool, typer.Option(
-        "--annotate-attention", help="Attention with ATTN_QK_MATMUL / ATTN_SOFTMAX / ATTN_AV_MATMUL ranges.")] = False,
+        "--annotate-attention", metavar="", help="Attention with ATTN_QK_MATMUL / ATTN_SOFTMAX / ATTN_AV_MATMUL ranges.")] = False,
     nsys_args: Annotated[str, typer.Option(help="Extra `nsys profile` options, e.g. '--cuda-memory-usage=true'.")] = "",
-    out_dir: OutDirOpt = Path("lmsys-out/profile"),
+    out_dir: NsysOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
@@ -83,6 +89,7 @@ def nsys(
 
     check_render_options(format, output)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
+    check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
     check_mode(mode)
     choose(engine, lib.ENGINES, what="--engine")
     try:
@@ -140,11 +147,11 @@ def memory(
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train.")] = "train",
     steps: Annotated[int, typer.Option(help="Recorded steps (the first one also creates the optimizer state).")] = 2,
     device: DeviceOpt = "auto",
-    top: TopOpt = 10,
+    top: MemoryTopOpt = 10,
     snapshot: Annotated[Optional[Path], typer.Option(
         help="Render this snapshot pickle (from a GPU run, or torch.cuda.memory._dump_snapshot) instead of running.")] = None,
     max_entries: Annotated[int, typer.Option(help="Allocator events kept in the history (older ones drop out).")] = 1_000_000,
-    out_dir: OutDirOpt = Path("lmsys-out/profile"),
+    out_dir: MemoryOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
     output: OutputOpt = None,
 ):
@@ -153,6 +160,7 @@ def memory(
 
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
+    check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
     if snapshot is not None:
         data = lib.load_snapshot(snapshot)
         timeline = lib.analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists

@@ -53,7 +53,7 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
         prof.export_chrome_trace(str(trace_path))
         collected["events"] = list(prof.events())
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), without_usdt_lines():
         warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is the user's choice
         with profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
                      on_trace_ready=ready) as prof:
@@ -68,6 +68,38 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return profile_
+
+
+@contextmanager
+def without_usdt_lines():
+    """Kineto (torch.profiler's C++ side) writes `USDT:... profiler_start` and `... profiler_stop` to the
+    C-level stderr when a trace starts and stops. Its only switch, KINETO_LOG_LEVEL, is read once per
+    process and would hide kineto's warnings and errors too (CUPTI permission errors on a GPU), so this
+    sends file descriptor 2 to a temporary file while the profiler runs, then restores it and writes back
+    every line that is not a `USDT:` line, in order."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()  # Python's own writes in the meantime (warnings) are kept, in order
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held if not line.startswith(b"USDT:"))
+            if kept:
+                with open(2, "wb", closefd=False) as err:
+                    err.write(kept)
 
 
 def _is_cpu(evt) -> bool:
