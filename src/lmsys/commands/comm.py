@@ -59,41 +59,27 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     emit(Report(title, rows, meta, collective_notes(collective, baseline=baseline)), format, output)
 
 
-@app.command("allreduce")
-def allreduce(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
-              device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
-    """All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."""
-    measure("all-reduce", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, device=device, format=format, output=output)
+def _command(collective: str, doc: str):
+    """One `comm` command: the shared options, then `measure(collective, ...)`."""
+
+    def command(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
+                dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20,
+                baseline: BaselineOpt = False, device: CommDeviceOpt = "auto", format: FormatOpt = "table",
+                output: OutputOpt = None):
+        measure(collective, backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
+                iters=iters, baseline=baseline, device=device, format=format, output=output)
+
+    command.__doc__ = doc
+    command.__name__ = collective.replace("-", "_")
+    return command
 
 
-app.command("all-reduce", hidden=True)(allreduce)  # the spelling of the other three
-
-
-@app.command("all-gather")
-def all_gather(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-               dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
-               device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
-    """All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."""
-    measure("all-gather", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, device=device, format=format, output=output)
-
-
-@app.command("reduce-scatter")
-def reduce_scatter(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-                   dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20,
-                   baseline: BaselineOpt = False, device: CommDeviceOpt = "auto", format: FormatOpt = "table",
-                   output: OutputOpt = None):
-    """Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."""
-    measure("reduce-scatter", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, device=device, format=format, output=output)
-
-
-@app.command("broadcast")
-def broadcast(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
-              dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20, baseline: BaselineOpt = False,
-              device: CommDeviceOpt = "auto", format: FormatOpt = "table", output: OutputOpt = None):
-    """Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."""
-    measure("broadcast", backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-            iters=iters, baseline=baseline, device=device, format=format, output=output)
+COMMANDS = (  # (command name, collective, help)
+    ("allreduce", "all-reduce", "All-reduce time and bandwidth (algbw, busbw) per message size and world size, with a sum check."),
+    ("all-gather", "all-gather", "All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."),
+    ("reduce-scatter", "reduce-scatter", "Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."),
+    ("broadcast", "broadcast", "Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."),
+)
+for _name, _collective, _doc in COMMANDS:
+    app.command(_name)(_command(_collective, _doc))
+app.command("all-reduce", hidden=True)(_command("all-reduce", COMMANDS[0][2]))  # the spelling of the other three
