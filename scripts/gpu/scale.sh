@@ -35,6 +35,19 @@ run b1_levers 90 ddp train $XL --strategy bucketed --bucket-mb 400 --lever bucke
 run zero1 60 ddp train $XL --strategy bucketed --bucket-mb 400 --steps 10 --shard-optimizer --no-baseline
 run a2_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
 run a3_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
+# Where DDP's backward loses its time (issue 11 item 4; not run yet): nsys over a bucketed and a flat
+# run (flat: the all-reduce after the backward, so the backward's kernels run alone), top kernels of
+# each (GEMMs slowed by NCCL beside them, NCCL's own kernel time). Needs the .debs carried (DEVICE.md).
+if [ "${NSYS_DDP:-0}" = 1 ] && [ $(( BUDGET - (SECONDS - START) )) -ge 150 ]; then
+  source scripts/gpu/lib.sh  # libdw for nsys's importer
+  for s in bucketed flat; do
+    echo "+ [$((SECONDS - START))s] nsys_ddp_$s"
+    timeout 120 python3 -m lmsys profile nsys --top 15 --out-dir "$OUT/nsys_$s" --format md -o "$OUT/nsys_ddp_$s.md" \
+      -- python3 -m lmsys ddp train $XL --strategy $s --bucket-mb 400 --steps 3 --no-baseline > "$OUT/nsys_ddp_$s.log" 2>&1 \
+      || echo "nsys_ddp_$s failed: $?" | tee -a "$OUT/failures.txt"
+    rm -rf "$OUT/nsys_$s"  # the reports are large; the tables are in the .md
+  done
+fi
 echo "done in $((SECONDS - START)) s"
 [ -f "$OUT/failures.txt" ] && cat "$OUT/failures.txt"
 (cd "$OUT" && tar -cf all.tar --exclude all.tar . && find . -type f ! -name all.tar -delete)  # one file back
