@@ -347,6 +347,17 @@ def test_gpu_long_awkward_shapes(d, dtype, causal, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", [((2,), 8, 2, 4099, 4099, 80, True, torch.bfloat16),
+                                  ((1,), 16, 16, 2053, 3001, 128, False, torch.float16),
+                                  ((4,), 4, 1, 2063, 1555, 64, True, torch.float32)])
+def test_gpu_persistent_forward_loops_over_more_tiles_than_sms(case):
+    """Policy(persistent=True) on a GPU with several work items per SM (each a query tile of 64 or 128)."""
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=flash_triton.Policy(pick=0, persistent=True))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
 @pytest.mark.parametrize("case", [(64, torch.bfloat16, True), (128, torch.float32, False), (80, torch.bfloat16, True)])
 def test_gpu_every_config_is_correct(kernel, case):
