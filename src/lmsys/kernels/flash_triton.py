@@ -12,7 +12,8 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
 - Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
   visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
   are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
-  build a mask. Causal programs run heaviest-first.
+  build a mask. Causal programs run heaviest-first. With `Policy(persistent=True)` the forward launches one
+  program per SM that loops over (query tile, batch·head) items, causal ones heaviest first over all heads.
 - Any head dim d that is a multiple of 8 from 16 to 256: tiles are HEAD_DIM_PAD = next power of two >= d
   wide (tl.arange needs a power of two); loads are masked on d < HEAD_DIM (zeros beyond, which add nothing
   to any product) and stores are masked, so q, k, v are never copied into padded buffers.
