@@ -155,6 +155,39 @@ def test_tensor_descriptor_and_warp_specialised_forward_match_float64(case):
     _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
 
 
+# (leading dims, Hq, Hkv, n_q, n_k, d, causal, dtype) for the persistent forward: under the interpreter its
+# grid is 4 programs, and every case has more work items (query tiles of 32 x batch·heads) than that, so
+# each program loops at least twice (odd rounds run the snake backwards; some cases end in a partial round).
+PERSISTENT_CASES = [
+    ((2,), 4, 1, 75, 53, 40, True, torch.float32),  # GQA (multi-query), padded d, n_q > n_k: 24 items
+    ((1,), 3, 3, 45, 70, 64, False, torch.bfloat16),  # n_q < n_k, not causal: 6 items (last round partial)
+    ((), 2, 1, 77, 77, 24, True, torch.float16),  # padded d, square causal: 6 items (last round partial)
+]
+
+
+@pytest.mark.parametrize("lead,hq,hkv,n_q,n_k,d,causal,dtype", PERSISTENT_CASES)
+def test_persistent_forward_matches_float64(lead, hq, hkv, n_q, n_k, d, causal, dtype, monkeypatch):
+    """Policy(persistent=True): min(programs, work items) programs, each looping over (query tile,
+    batch·head) items; O, L and the (unchanged) backward's gradients against float64."""
+    launched = []
+    grid_of = flash_triton._launch
+
+    def record(kernel, grid, args, consts, policy, q):
+        if kernel == "fwd":
+            launched.append(grid(CONFIGS_FWD[0].kwargs))
+        return grid_of(kernel, grid, args, consts, policy, q)
+
+    CONFIGS_FWD = flash_triton.CONFIGS["fwd"]
+    monkeypatch.setattr(flash_triton, "_launch", record)
+    q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + d)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=flash_triton.Policy(persistent=True))
+    items = -(-n_q // CONFIGS_FWD[0].kwargs["BLOCK_M"]) * hq * (lead[0] if lead else 1)
+    programs = flash_triton._persistent_programs(DEVICE)
+    assert launched == [(min(programs, items),)]
+    if DEVICE == "cpu":
+        assert items > 4 and programs == 4  # several rounds per program
+
+
 @pytest.mark.parametrize("hq,hkv", [(4, 3), (2, 4), (6, 4)])
 def test_query_heads_not_a_multiple_of_kv_heads(hq, hkv):
     q, k, v = _gqa_inputs((1,), hq, hkv, 9, 9, 16, torch.float32, seed=0)
@@ -311,6 +344,17 @@ def test_gpu_long_awkward_shapes(d, dtype, causal, monkeypatch):
     monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
     n_q, n_k = (777, 777) if causal else (517, 1331)
     _run_and_compare(*_inputs((2, 3), n_q, n_k, d, dtype, seed=d), causal, TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((2,), 8, 2, 4099, 4099, 80, True, torch.bfloat16),
+                                  ((1,), 16, 16, 2053, 3001, 128, False, torch.float16),
+                                  ((4,), 4, 1, 2063, 1555, 64, True, torch.float32)])
+def test_gpu_persistent_forward_loops_over_more_tiles_than_sms(case):
+    """Policy(persistent=True) on a GPU with several work items per SM (each a query tile of 64 or 128)."""
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=flash_triton.Policy(pick=0, persistent=True))
 
 
 @pytest.mark.gpu

@@ -4,8 +4,9 @@ TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys
 
 Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (autotuned), then each lever alone at the tiles the
 autotuner chose (one compile per kernel, no re-tuning): deterministic=False (one backward launch, atomic
-dQ), tma (tensor-descriptor loads in the forward), warp_specialize, then the wide-tile configs (d 64, each
-picked in turn), then the best combination of what helped. Every variant is first checked against SDPA
+dQ), tma (tensor-descriptor loads in the forward), warp_specialize, persistent (forward grid of one program
+per SM, causal tiles heaviest first), then the wide-tile configs (d 64, each picked in turn), then the best
+combination of what helped. Every variant is first checked against SDPA
 (max relative error of O, dQ, dK, dV) at b1 h4 s1031. Then d 80 and GQA (Hkv 4 of 16) against SDPA.
 
     PYTHONPATH=src python3 scripts/gpu/flash_levers.py [--out FILE.md]
@@ -104,7 +105,7 @@ def main() -> None:
         tuned = {name: [tuner.best_config] for name, tuner in ft._tuners().items()}  # the tiles it chose
         fixed = ft.Policy(pick=0, configs=tuned)
         levers = {"deterministic=False": {"deterministic": False}, "tma": {"tma": True},
-                  "warp_specialize": {"warp_specialize": True}}
+                  "warp_specialize": {"warp_specialize": True}, "persistent": {"persistent": True}}
         helped = {}
         for label, change in levers.items():
             got = measure(f"+ {label} @ {shipped.ran.get('fwd')}/{shipped.ran.get('dkdv')}/{shipped.ran.get('dq')}",

@@ -12,7 +12,8 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
 - Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
   visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
   are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
-  build a mask. Causal programs run heaviest-first.
+  build a mask. Causal programs run heaviest-first. With `Policy(persistent=True)` the forward launches one
+  program per SM that loops over (query tile, batch·head) items, causal ones heaviest first over all heads.
 - Any head dim d that is a multiple of 8 from 16 to 256: tiles are HEAD_DIM_PAD = next power of two >= d
   wide (tl.arange needs a power of two); loads are masked on d < HEAD_DIM (zeros beyond, which add nothing
   to any product) and stores are masked, so q, k, v are never copied into padded buffers.
@@ -332,6 +333,8 @@ class Policy:
       tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
       the pointer path otherwise.
     warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True).
+    persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
+      (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
     """
 
@@ -340,6 +343,7 @@ class Policy:
     deterministic: bool = True
     tma: bool = False
     warp_specialize: bool = False
+    persistent: bool = False
     ran: dict = field(default_factory=dict)
 
 
@@ -379,24 +383,65 @@ _KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "GROUP"]  # the dtype of the tens
 # --------------------------------------------------------------------------------------- forward
 
 
-@triton.autotune(configs=CONFIGS["fwd"], key=_KEY + ["USE_TMA", "WARP_SPEC"],
+@triton.autotune(configs=CONFIGS["fwd"], key=_KEY + ["USE_TMA", "WARP_SPEC", "PERSISTENT"],
                  prune_configs_by={"early_config_prune": _prune_by_head_dim("fwd")})
-@triton.jit(do_not_specialize=["N_Q", "N_K"])
+@triton.jit(do_not_specialize=["Z", "N_Q", "N_K"])
 def _attn_fwd(Q, K, V, O, L, sm_scale,
               stride_qz, stride_qh, stride_qm,
               stride_kz, stride_kh, stride_kn,
               stride_vz, stride_vh, stride_vn,
               stride_oz, stride_oh, stride_om,
-              H, GROUP, N_Q, N_K,
+              Z, H, GROUP, N_Q, N_K,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+              PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per (query tile, query head, batch); with PERSISTENT, a 1-D grid of at most one program
+    per SM, each looping over those work items (Z, the batch, is read only then)."""
+    if PERSISTENT:
+        # Work item t in [0, tiles): causal, heaviest first over every head (t's query tile counts down
+        # from the last, all batch·heads of one tile together); otherwise tile-fastest within a head, as the
+        # plain grid. Program p takes item r·G + p in even rounds r and r·G + G-1-p in odd ones (G programs):
+        # the snake evens out the work each program gets when the items grow lighter round by round.
+        n_m = tl.cdiv(N_Q, BLOCK_M)
+        n_zh = Z * H
+        tiles = n_m * n_zh
+        G = tl.num_programs(0)
+        p = tl.program_id(0)
+        for r in range(0, tl.cdiv(tiles, G)):
+            t = r * G + tl.where(r % 2 == 0, p, G - 1 - p)
+            if t < tiles:
+                if IS_CAUSAL:
+                    pid_m = n_m - 1 - t // n_zh
+                    zh = t % n_zh
+                else:
+                    pid_m = t % n_m
+                    zh = t // n_m
+                _fwd_tile(Q, K, V, O, L, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                          stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, H, GROUP, N_Q, N_K,
+                          pid_m, zh % H, zh // H, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA,
+                          WARP_SPEC, BLOCK_M, BLOCK_N)
+    else:
+        pid_m = tl.program_id(0)
+        if IS_CAUSAL:  # the last query tiles see the most keys: start them first
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        _fwd_tile(Q, K, V, O, L, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                  stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, H, GROUP, N_Q, N_K,
+                  pid_m, tl.program_id(1), tl.program_id(2), HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION,
+                  USE_TMA, WARP_SPEC, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _fwd_tile(Q, K, V, O, L, sm_scale,
+              stride_qz, stride_qh, stride_qm,
+              stride_kz, stride_kh, stride_kn,
+              stride_vz, stride_vh, stride_vn,
+              stride_oz, stride_oh, stride_om,
+              H, GROUP, N_Q, N_K, pid_m, off_h, off_z,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
               DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The forward of one query tile of one (batch, query head): O and L for its rows."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # the last query tiles see the most keys: start them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
     z64, h64 = off_z.to(tl.int64), off_h.to(tl.int64)
     hk64 = (off_h // GROUP).to(tl.int64)  # the key/value head this query head reads
     q_base = Q + z64 * stride_qz + h64 * stride_qh
@@ -694,6 +739,22 @@ def _set_tma_allocator() -> None:
     triton.set_allocator(alloc)
 
 
+INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
+
+
+def _persistent_programs(device) -> int:
+    """Programs of the persistent forward grid: one per SM on a GPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [..., n_q, d] in q's dtype, L [..., n_q] float32). k, v may have fewer heads than q (dim -3)."""
     policy = policy or default_policy()
@@ -707,13 +768,19 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
     if use_tma and q.device.type == "cuda":
         _set_tma_allocator()
 
+    persistent = bool(policy.persistent)
+    programs = _persistent_programs(q.device) if persistent else 0
+
     def grid(meta):
+        if persistent:
+            return (min(programs, triton.cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
         return (triton.cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-            *o4.stride()[:3], H, H // k4.shape[1], n_q, n_k)
+            *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=bool(policy.warp_specialize))
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=bool(policy.warp_specialize),
+                  PERSISTENT=persistent)
     with _device_guard(q.device):
         _launch("fwd", grid, args, consts, policy, q)
     return o4.view(q.shape), lse.view(q.shape[:-1])
