@@ -209,11 +209,12 @@ def test_train_memory_estimate_counts_states_and_activations():
     from lmsys.model.config import PRESETS, parameter_count_formula
     from lmsys.model.memory import train_memory_estimate
 
-    cfg = PRESETS["tiny"]
+    cfg = PRESETS["tiny"]  # naive attention: the S x S scores and probabilities count too
     est = train_memory_estimate(cfg, batch_size=2, dtype="fp32")
     n = parameter_count_formula(cfg)
-    s, b, h, a, L = cfg.context_length, 2, cfg.d_model, cfg.num_heads, cfg.num_layers
-    assert est == 16 * n + int(L * s * b * h * (34 + 5 * a * s / h) * 2) + 2 * b * s * cfg.vocab_size * 4
+    s, b, d, f, H, L, V = cfg.context_length, 2, cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.num_layers, cfg.vocab_size
+    per_layer = b * s * ((14 * d + 3 * f) * 4 + 8 * d) + b * H * s * s * (4 + 4)
+    assert est == 16 * n + L * per_layer + b * s * V * (4 + 4 + 4)
     assert train_memory_estimate(cfg, batch_size=4) > est  # more batch, more activations
     assert train_memory_estimate(cfg, batch_size=2, dtype="bf16") < est
 

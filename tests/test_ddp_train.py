@@ -174,8 +174,9 @@ def test_bad_lever_options(lmsys, args, message):
 
 
 def test_memory_estimate_grows_with_the_model_and_batch():
-    from lmsys.distributed.memory import estimate_training_bytes, parameter_count, requested_bytes
-    from lmsys.model.config import get_config
+    from lmsys.distributed.memory import requested_bytes
+    from lmsys.model.config import get_config, parameter_count_formula as parameter_count
+    from lmsys.model.memory import train_memory_estimate as estimate_training_bytes
     from lmsys.model.transformer import TransformerLM
 
     tiny = get_config("tiny").with_overrides(context_length=16)

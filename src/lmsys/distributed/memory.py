@@ -1,10 +1,7 @@
 """Will a training run fit, and what to say when a rank runs out of memory.
 
-- `estimate_training_bytes(config, batch_size=, dtype=)`: fp32 weights + gradients + AdamW state
-  (16 bytes a parameter), autocast's low-precision weight copies, and the activations autograd keeps for
-  the batch (per layer and token: ~14·d_model + 3·d_ff values in the compute dtype plus the fp32
-  residual and norm input; the naive attention's scores and probabilities, heads · S² per sequence; the
-  logits in the compute dtype, their fp32 copy and its gradient). An estimate, on the high side.
+- `fits(config, batch_size=, dtype=, device=)`: lmsys.model.memory's estimate (weights, gradients,
+  AdamW state, activations) against the budget below, with the words for an `OOM` row.
 - `memory_budget(device)`: free device memory (`torch.cuda.mem_get_info`), available RAM on the CPU;
   `LMSYS_MEMORY_BUDGET_MB`, when set, replaces it (tests use it to take the does-not-fit path).
 - `PhaseTracker`: which phase a rank is in (build, forward, backward, comm, optimizer), from hooks on
@@ -20,30 +17,11 @@ import re
 from typing import Optional
 
 from lmsys.distributed.launch import RankError
+from lmsys.model.memory import available_ram, train_memory_estimate
 
 ENV_BUDGET = "LMSYS_MEMORY_BUDGET_MB"
 ENV_INJECT_OOM = "LMSYS_INJECT_OOM"
 GiB = 1024**3
-
-
-def parameter_count(config) -> int:
-    d, f, layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
-    per_layer = 4 * d * d + 3 * d * f + 2 * d  # qkv + output projections, SwiGLU, two norm gains
-    return layers * per_layer + 2 * vocab * d + d  # embeddings, LM head, final norm
-
-
-def estimate_training_bytes(config, *, batch_size: int, dtype: str) -> int:
-    """Bytes one process needs to train `config` on `batch_size` sequences (see the module docstring)."""
-    params = parameter_count(config)
-    act = 4 if dtype == "fp32" else 2
-    tokens = batch_size * config.context_length
-    d = config.d_model
-    state = 16 * params + (2 * params if act == 2 else 0)
-    per_layer = tokens * ((14 * d + 3 * config.d_ff) * act + 8 * d)
-    if config.attn_impl == "naive":
-        per_layer += batch_size * config.num_heads * config.context_length ** 2 * (act + 4)
-    logits = tokens * config.vocab_size * (act + 4 + 4)
-    return state + config.num_layers * per_layer + logits
 
 
 def memory_budget(device) -> tuple[int, str]:
@@ -62,23 +40,13 @@ def memory_budget(device) -> tuple[int, str]:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free, "free GPU memory"
-    return _available_ram(), "available RAM"
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    ram = available_ram()
+    return (ram, "available RAM") if ram is not None else (2**62, "RAM (amount unknown: not checked)")
 
 
 def fits(config, *, batch_size: int, dtype: str, device) -> tuple[bool, str]:
     """(fits, why): the estimate against the budget, in words for the row's status."""
-    need = estimate_training_bytes(config, batch_size=batch_size, dtype=dtype)
+    need = train_memory_estimate(config, batch_size=batch_size, dtype=dtype)
     budget, source = memory_budget(device)
     words = f"needs ~{need / GiB:.1f} GiB (estimate), {budget / GiB:.1f} GiB {source}"
     return need <= budget, words
