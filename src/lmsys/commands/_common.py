@@ -24,14 +24,14 @@ def check_render_options(fmt: str, output: Optional[Path], *, device: Optional[s
     """Validate --format/--output (and --device/--dtype when given) before any work starts and before
     torch is imported: a typo answers in a fraction of a second. Call it first in a command."""
     from lmsys.core.devices import DEVICE_CHOICES, DTYPE_CHOICES
-    from lmsys.core.errors import LmsysError
+    from lmsys.core.parsing import choose
     from lmsys.core.results import check_format, check_output_path
 
     check_format(fmt)
-    if device is not None and device not in DEVICE_CHOICES and not device.startswith("cuda:"):
-        raise LmsysError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
-    if dtype is not None and dtype not in DTYPE_CHOICES:
-        raise LmsysError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, not {dtype!r}")
+    if device is not None and not device.startswith("cuda:"):
+        choose(device, DEVICE_CHOICES, what="--device")
+    if dtype is not None:
+        choose(dtype, DTYPE_CHOICES, what="--dtype")
     check_output_path(output)
 
 

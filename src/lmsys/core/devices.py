@@ -10,6 +10,7 @@ from lmsys.core.parsing import choose
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+DTYPE_BYTES = dict(zip(DTYPE_CHOICES, (4, 2, 2)))  # element width of each, for torch-free size checks
 
 # Dense peak TFLOP/s by GPU name (vendor datasheets, SXM parts, no sparsity). 'tf32' is the rate of
 # fp32 matmuls when TF32 tensor cores are allowed. Unknown GPU -> no MFU.

@@ -76,9 +76,9 @@ def format_bytes(n: float | None) -> str:
 
 def check_message_sizes(labels: list[str], nbytes: list[int], dtype: str) -> None:
     """A message size that is not a whole number of elements of `dtype` is refused (it would be rounded)."""
-    from lmsys.core.errors import LmsysError
+    from lmsys.core.devices import DTYPE_BYTES  # devices imports this module
 
-    width = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+    width = DTYPE_BYTES[dtype]
     for label, n in zip(labels, nbytes):
         if n % width:
             raise LmsysError(f"--sizes {label}: {n} bytes is not a whole number of {dtype} elements "

@@ -43,12 +43,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lmsys.distributed.collectives import all_gather_flat, reduce_scatter_flat
 from lmsys.distributed.ddp import all_reduce_flat, broadcast_module_state
 
 __all__ = ["FSDP"]
-
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
@@ -60,7 +58,7 @@ def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
         out.copy_(summed[dist.get_rank() * n:(dist.get_rank() + 1) * n])
         return
     try:
-        _reduce_scatter_tensor(out, flat)
+        reduce_scatter_flat(out, flat)
     except (RuntimeError, NotImplementedError, ValueError) as exc:
         if dist.get_backend() == "nccl":
             raise
@@ -114,7 +112,7 @@ class _FlatGroup:
         if src.dtype != self.gather_dtype:
             src = src.to(self.gather_dtype)
         with torch.no_grad():
-            _all_gather(self.full, src)
+            all_gather_flat(self.full, src)
 
     def views(self, requires_grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(leaf, per-parameter views): the leaf shares `full`'s storage but not its version counter,
@@ -391,7 +389,7 @@ class FSDP(nn.Module):
         for unit in self.units:
             for g, (group, _) in enumerate(unit.groups):
                 full = group.shard.new_empty(group.padded)
-                _all_gather(full, group.shard.detach())
+                all_gather_flat(full, group.shard.detach())
                 sizes = group.numels + ([group.pad] if group.pad else [])
                 flats[(unit.index, g)] = [part.view(shape).float().clone()
                                           for part, shape in zip(full.split(sizes), group.shapes)]
