@@ -50,6 +50,17 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     return out
 
 
+def check_memory(configs: list[tuple[str, ModelConfig]], device, *, batch_size: int, dtype: str) -> None:
+    """On a CPU, each configuration's training step against the RAM available now: a 10b model is one
+    line before it is built, not an OOM kill (on a GPU an OOM row marks it and the sweep goes on)."""
+    if device.type != "cpu":
+        return
+    from lmsys.model.memory import check_fits_in_ram
+
+    for name, cfg in configs:
+        check_fits_in_ram(cfg, batch_size=batch_size, dtype=dtype, what=f"--size {name}")
+
+
 # What `--fast` adds on CUDA with bf16 master weights for the optimizer in backward: nothing. The H200
 # ablation (docs/benchmarks/e2e.md, "Issue 15"; 2.7b bf16, one process, 2026-12-01) measured the fast
 # path at 96.31 ms with whole-model compile and the optimizer after the backward, 96.86 with per-block

@@ -71,11 +71,7 @@ def e2e(
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
-    if dev.type == "cpu":  # a 10b model on a CPU: say so before the OS kills the build
-        from lmsys.model.memory import check_fits_in_ram
-
-        for name, cfg in configs:
-            check_fits_in_ram(cfg, batch_size=batch_size, dtype=dtype, what=f"--size {name}")
+    lib.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
     per_workload = len(modes) * (3 if compare else 1)
     rows = list(track(lib.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
                       total=len(workloads) * per_workload, description="bench e2e"))
