@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from lmsys.distributed import launch
+from lmsys.distributed.collectives import COLLECTIVES
 
 TESTS = str(Path(__file__).resolve().parent)
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 
 
 @pytest.fixture(autouse=True)

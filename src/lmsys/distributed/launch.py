@@ -244,7 +244,6 @@ def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
     owns. Its stderr (torchrun's and the ranks') goes to a log there, so a failure is one line; with
     LMSYS_DEBUG=1 it streams through. A signal to this process (or an exception) stops the whole group:
     SIGTERM, then SIGKILL after a grace period; the folder is removed in every case."""
-    timeout_seconds()  # a bad LMSYS_DIST_TIMEOUT_S is one line here, not a torchrun dump per rank
     tmp = Path(tempfile.mkdtemp(prefix="lmsys-run-"))
     try:
         spec_path = tmp / "spec.json"
