@@ -183,15 +183,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state held on this rank: every tensor in `optimizer.state` (for a
-    ShardedOptimizer, its local optimizer's state: this rank's shard only). Parameters and gradients
-    are not state and are not counted."""
-    inner = getattr(optimizer, "local_optimizer", None) or optimizer
+    ShardedOptimizer, its local optimizer's state: this rank's shard only; for an optimizer that lists
+    its own, `state_tensors()`, as BucketedDDP's per-bucket optimizers do; for FSDP2's DTensors, the
+    local shard), each storage once. Parameters and gradients are not state and are not counted."""
+    if hasattr(optimizer, "state_tensors"):
+        tensors = optimizer.state_tensors()
+    else:
+        inner = getattr(optimizer, "local_optimizer", None) or optimizer
+        tensors = [value for state in inner.state.values() for value in state.values() if torch.is_tensor(value)]
     seen: set[int] = set()
     total = 0
-    for state in inner.state.values():
-        for value in state.values():
-            if torch.is_tensor(value) and value.data_ptr() not in seen:
-                if value.numel():
-                    seen.add(value.data_ptr())
-                total += value.numel() * value.element_size()
+    for value in tensors:
+        value = value.to_local() if hasattr(value, "to_local") else value
+        if value.numel() and value.data_ptr() in seen:
+            continue
+        if value.numel():
+            seen.add(value.data_ptr())
+        total += value.numel() * value.element_size()
     return total

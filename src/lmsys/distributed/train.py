@@ -30,6 +30,7 @@ from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.runs import LEARNING_RATE, RunSpec
+from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 from lmsys.train.step import ADAMW_DEFAULTS, TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
@@ -369,15 +370,3 @@ def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optio
     }
     assert tuple(row) == ROW_KEYS
     return row
-
-
-def optimizer_state_bytes(optimizer) -> int:
-    """Bytes of the optimizer's state tensors on this rank (ShardedOptimizer: its local optimizer's;
-    per-bucket optimizers: all of them)."""
-    if hasattr(optimizer, "state_tensors"):
-        tensors = optimizer.state_tensors()
-    else:
-        inner = getattr(optimizer, "local_optimizer", optimizer)
-        tensors = [t for st in inner.state.values() for t in st.values() if torch.is_tensor(t)]
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2: DTensor shards
-    return sum(t.numel() * t.element_size() for t in local)
