@@ -8,10 +8,16 @@
 #         slower on 2026-12-01: docs/benchmarks/ddp.md)
 #   zero  bucketed 400 MiB with --shard-optimizer (ZeRO-1), against a1's plain AdamW row
 #   a2,a3 bucketed vs torch-ddp again (three repetitions in all)
+#   nsys  where DDP's backward loses its time: nsys over a bucketed and a flat run (opt-in; carry .debs)
+#   reps  item 4's median: three rounds of {1 process, bucketed, torch-ddp}
+#   repcomm  item 7's median: three rounds of the four collectives at 1 GB with the bare loop
+# PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above.
 set -u
+OUT="${OUT:-lmsys-out/scale}"; mkdir -p "$OUT"
+source scripts/gpu/lib.sh  # libdw for nsys's importer (from the carried .debs), part()
+PARTS=${PARTS:-a1 c comm b1 zero a2 a3}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-lmsys-out/scale}"; mkdir -p "$OUT"
 BUDGET=${BUDGET:-575}; START=$SECONDS
 XL="--size xl --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --warmup 3"
 run() {  # name seconds lmsys-args...
@@ -25,27 +31,34 @@ run() {  # name seconds lmsys-args...
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
-run a1_xl 170 ddp train $XL --strategy bucketed,torch-ddp,fsdp,torch-fsdp --bucket-mb 400 --steps 10
-run c_10b 200 ddp train --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 \
+part a1 && run a1_xl 170 ddp train $XL --strategy bucketed,torch-ddp,fsdp,torch-fsdp --bucket-mb 400 --steps 10
+part c && run c_10b 200 ddp train --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 \
   --backend nccl --warmup 2 --steps 5 --strategy fsdp,torch-fsdp
-for c in allreduce all-gather reduce-scatter broadcast; do
+part comm && for c in allreduce all-gather reduce-scatter broadcast; do
   run "comm_$c" 35 comm "$c" --backend nccl --world-size 2 --sizes 1MB,100MB,1GB --warmup 5 --steps 20 --baseline
 done
-run b1_levers 90 ddp train $XL --strategy bucketed --bucket-mb 400 --lever bucket-optimizer --steps 10
-run zero1 60 ddp train $XL --strategy bucketed --bucket-mb 400 --steps 10 --shard-optimizer --no-baseline
-run a2_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
-run a3_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
+part b1 && run b1_levers 90 ddp train $XL --strategy bucketed --bucket-mb 400 --lever bucket-optimizer --steps 10
+part zero && run zero1 60 ddp train $XL --strategy bucketed --bucket-mb 400 --steps 10 --shard-optimizer --no-baseline
+part a2 && run a2_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
+part a3 && run a3_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10 --no-baseline
 # Where DDP's backward loses its time (issue 11 item 4; not run yet): nsys over a bucketed and a flat
 # run (flat: the all-reduce after the backward, so the backward's kernels run alone), top kernels of
 # each (GEMMs slowed by NCCL beside them, NCCL's own kernel time). Needs the .debs carried (DEVICE.md).
-if [ "${NSYS_DDP:-0}" = 1 ] && [ $(( BUDGET - (SECONDS - START) )) -ge 150 ]; then
-  source scripts/gpu/lib.sh  # libdw for nsys's importer
+if { part nsys || [ "${NSYS_DDP:-0}" = 1 ]; } && [ $(( BUDGET - (SECONDS - START) )) -ge 150 ]; then
   for s in bucketed flat; do
     echo "+ [$((SECONDS - START))s] nsys_ddp_$s"
-    timeout 120 python3 -m lmsys profile nsys --top 15 --out-dir "$OUT/nsys_$s" --format md -o "$OUT/nsys_ddp_$s.md" \
+    timeout 150 python3 -m lmsys profile nsys --top 15 --out-dir "$OUT/nsys_$s" --format md -o "$OUT/nsys_ddp_$s.md" \
       -- python3 -m lmsys ddp train $XL --strategy $s --bucket-mb 400 --steps 3 --no-baseline > "$OUT/nsys_ddp_$s.log" 2>&1 \
       || echo "nsys_ddp_$s failed: $?" | tee -a "$OUT/failures.txt"
-    rm -rf "$OUT/nsys_$s"  # the reports are large; the tables are in the .md
+    rm -f "$OUT/nsys_$s"/*.nsys-rep "$OUT/nsys_$s"/*.sqlite  # large; the tables and CSVs stay
+  done
+fi
+if part reps || part repcomm; then
+  for r in 1 2 3; do
+    part reps && run "reps_ddp_$r" 90 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --steps 10
+    part repcomm && for c in allreduce all-gather reduce-scatter broadcast; do
+      run "reps_comm_${c}_$r" 25 comm "$c" --backend nccl --world-size 2 --sizes 1GB --warmup 5 --steps 20 --baseline
+    done
   done
 fi
 echo "done in $((SECONDS - START)) s"
