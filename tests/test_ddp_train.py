@@ -98,11 +98,12 @@ def test_a_failed_rank_exits_1_with_its_error(lmsys, monkeypatch):
 @pytest.mark.slow
 def test_levers_and_torch_fsdp_train_like_one_process(lmsys):
     r = lmsys("ddp", "train", "--strategy", "bucketed,fsdp,torch-fsdp", "--bucket-mb", "0.5",
-              "--lever", "learned-order,grad-views,bucket-optimizer", *FAST)
+              "--lever", "learned-order,grad-views,bucket-optimizer", "--sm-carveout", "0,8", *FAST)
     assert r.code == 0, r.err
     rows = {row["strategy"]: row for row in json.loads(r.out)["rows"]}
     assert list(rows) == ["1 process, batch 2", "bucketed 0.5 MiB", "bucketed 0.5 MiB +learned-order",
-                          "bucketed 0.5 MiB +grad-views", "bucketed 0.5 MiB +bucket-optimizer", "fsdp", "torch-fsdp"]
+                          "bucketed 0.5 MiB +grad-views", "bucketed 0.5 MiB +bucket-optimizer",
+                          "bucketed 0.5 MiB +carveout 0", "bucketed 0.5 MiB +carveout 8", "fsdp", "torch-fsdp"]
     full_state = rows["1 process, batch 2"]["optim MiB/rank"]
     for name, row in rows.items():
         assert row["status"] == "ok"
@@ -167,10 +168,35 @@ def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, p
     (["--lever", "magic"], "--lever must be one of"),
     (["--lever", "grad-views", "--strategy", "flat"], "--lever applies to the bucketed strategy"),
     (["--nccl-ctas", "0"], "--nccl-ctas must be >= 1"),
+    (["--sm-carveout", "8,-1"], "--sm-carveout: every value must be a number of SMs >= 0"),
+    (["--sm-carveout", "8", "--strategy", "flat"], "--sm-carveout applies to the bucketed strategy"),
 ])
 def test_bad_lever_options(lmsys, args, message):
     r = lmsys("ddp", "train", *args)
     assert r.code == 2 and message in r.err
+
+
+def test_matmul_carveout_sets_and_restores_the_cublas_knobs():
+    import torch
+
+    from lmsys.distributed.ddp import MatmulCarveout
+
+    before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
+    cpu = MatmulCarveout(8, "cpu")
+    cpu.on()  # a no-op off a GPU
+    assert (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()) == before
+    with pytest.raises(ValueError):
+        MatmulCarveout(-1, "cuda")
+    if not torch.cuda.is_available():  # a CPU build of torch cannot route matmuls to cuBLASLt
+        return
+    gpu = MatmulCarveout(8, "cuda")
+    gpu.on()
+    gpu.on()  # idempotent: off() still restores the state before the first on()
+    assert torch._C._get_sm_carveout_experimental() == 8
+    assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+    gpu.off()
+    gpu.off()
+    assert (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()) == before
 
 
 def test_memory_estimate_grows_with_the_model_and_batch():

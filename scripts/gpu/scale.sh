@@ -9,6 +9,8 @@
 #   zero  bucketed 400 MiB with --shard-optimizer (ZeRO-1), against a1's plain AdamW row
 #   a2,a3 bucketed vs torch-ddp again (three repetitions in all)
 #   nsys  where DDP's backward loses its time: nsys over a bucketed and a flat run (opt-in; carry .debs)
+#   carve  DDP's SM carveout lever (cuBLAS leaves N SMs to NCCL while buckets reduce), with and
+#          without fewer NCCL CTAs (NCCL's channel count goes to carve_default.log: NCCL_DEBUG=INIT)
 #   reps  item 4's median: three rounds of {1 process, bucketed, torch-ddp}
 #   repcomm  item 7's median: three rounds of the four collectives at 1 GB with the bare loop
 # PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above.
@@ -52,6 +54,13 @@ if { part nsys || [ "${NSYS_DDP:-0}" = 1 ]; } && [ $(( BUDGET - (SECONDS - START
       || echo "nsys_ddp_$s failed: $?" | tee -a "$OUT/failures.txt"
     rm -f "$OUT/nsys_$s"/*.nsys-rep "$OUT/nsys_$s"/*.sqlite  # large; the tables and CSVs stay
   done
+fi
+if part carve; then
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT run carve_default 100 ddp train $XL --strategy bucketed,torch-ddp \
+    --bucket-mb 400 --sm-carveout 0,8,16,32 --steps 10
+  run carve_ctas8 60 ddp train $XL --strategy bucketed --bucket-mb 400,100 --sm-carveout 8,16 --nccl-ctas 8 --steps 10 --no-baseline
+  run carve_ctas4 60 ddp train $XL --strategy bucketed --bucket-mb 400 --sm-carveout 4,8 --nccl-ctas 4 --steps 10 --no-baseline
+  run carve_ctas16 60 ddp train $XL --strategy bucketed --bucket-mb 400 --sm-carveout 16,24 --nccl-ctas 16 --steps 10 --no-baseline
 fi
 if part reps || part repcomm; then
   for r in 1 2 3; do

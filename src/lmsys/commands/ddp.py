@@ -18,6 +18,7 @@ def train(
     bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
     lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done); comma-separated.")] = "",
+    sm_carveout: Annotated[str, typer.Option(help="SM carveouts, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: from the first bucket's all-reduce to the end of backward, cuBLAS matmuls leave this many SMs to NCCL (0 = only route matmuls through cuBLASLt); comma-separated. GPU only (no effect on a CPU).")] = "",
     nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
     shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", metavar="", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
@@ -43,7 +44,8 @@ def train(
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     check_one_size(size, command="ddp train", why="one model per run")
     requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
-    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever)
+    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
+                           sm_carveout=sm_carveout)
     ctas = plan.set_nccl_ctas(nccl_ctas)
 
     from lmsys.core.results import Report

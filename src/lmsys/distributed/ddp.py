@@ -15,6 +15,9 @@ everywhere):
   `zero_grad(set_to_none=True)`, which measured faster on 2×H200, each gradient is copied in once); a bucket
   is all-reduced asynchronously as soon as all its gradients are ready. Optionally the buckets are
   communicated in bf16 (`comm_dtype`), halving the bytes, at the cost of rounding the averaged gradient.
+  Optionally (`sm_carveout`), from the first bucket's all-reduce until finish, cuBLAS matmuls leave that
+  many SMs to NCCL (`MatmulCarveout`): NCCL's kernels hold their SMs for as long as they run, and a
+  persistent GEMM sized for every SM then waits a second wave for the SMs NCCL holds.
 
 Shared rules:
 - Parameters with `requires_grad=False` are skipped; a parameter reached twice (tied weights) is
@@ -45,7 +48,8 @@ from torch import nn
 from lmsys.core.parsing import MiB
 
 
-__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "all_reduce_flat", "broadcast_module_state"]
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "MatmulCarveout", "all_reduce_flat",
+           "broadcast_module_state"]
 
 
 def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
@@ -270,6 +274,38 @@ class StepInFinish(torch.optim.Optimizer):
                 for t in st.values() if torch.is_tensor(t)]
 
 
+class MatmulCarveout:
+    """While on, CUDA matmuls target (SM count - `sms`) SMs, leaving `sms` to the kernels beside them
+    (NCCL's): torch's experimental SM carveout, which cuBLASLt reads, with matmuls routed to cuBLASLt
+    meanwhile. `on()` and `off()` restore what was set before; both are no-ops off a GPU."""
+
+    def __init__(self, sms: int, device):
+        if sms < 0:
+            raise ValueError(f"sms must be >= 0, got {sms}")
+        self.sms = sms
+        self.enabled = torch.device(device).type == "cuda"
+        self._saved = None
+
+    def on(self) -> None:
+        if not self.enabled or self._saved is not None:
+            return
+        import warnings
+
+        self._saved = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        with warnings.catch_warnings():  # torch warns once that the knob is experimental
+            warnings.simplefilter("ignore")
+            torch._C._set_sm_carveout_experimental(self.sms)
+
+    def off(self) -> None:
+        if self._saved is None:
+            return
+        library, carveout = self._saved
+        torch.backends.cuda.preferred_blas_library(library)
+        torch._C._set_sm_carveout_experimental(carveout)
+        self._saved = None
+
+
 class _Bucket:
     """Parameters sharing one flat communication buffer; `views[k]` is parameter k's slice of it."""
 
@@ -309,7 +345,8 @@ class BucketedDDP(_DataParallel):
     all-reduced asynchronously as soon as all its gradients are ready."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None,
-                 bucket_order: str = "reverse", grad_views: bool = False, optimizer_factory=None):
+                 bucket_order: str = "reverse", grad_views: bool = False, optimizer_factory=None,
+                 sm_carveout: Optional[int] = None):
         super().__init__(module)
         if not bucket_size_mb > 0 or math.isinf(bucket_size_mb):
             raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb}")
@@ -319,6 +356,7 @@ class BucketedDDP(_DataParallel):
         self.comm_dtype = comm_dtype
         self.grad_views = grad_views
         self._optimizer_factory = optimizer_factory
+        self.carveout = MatmulCarveout(sm_carveout, self._device) if sm_carveout is not None else None
         self._learning = bucket_order == "learned"  # the first backward's hook order, then re-planned
         self._fired: list[nn.Parameter] = []
         self._build_buckets(list(reversed(self._params)))
@@ -424,6 +462,8 @@ class BucketedDDP(_DataParallel):
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].n_ready == len(self.buckets[self._next].params):
             bucket = self.buckets[self._next]
+            if self.carveout is not None:  # NCCL runs beside the backward from here until finish
+                self.carveout.on()
             bucket.work = dist.all_reduce(bucket.buffer, op=self._op, async_op=True)
             self._next += 1
 
@@ -436,6 +476,8 @@ class BucketedDDP(_DataParallel):
                     bucket.ready[k] = True
                     bucket.n_ready += 1
         self._launch_ready()
+        if self.carveout is not None:  # the backward's matmuls are done
+            self.carveout.off()
         anywhere = iter(GradPresence(present, self._device).anywhere())
         for b, bucket in enumerate(self.buckets):
             bucket.work.wait()

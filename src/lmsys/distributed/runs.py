@@ -25,6 +25,7 @@ class RunSpec:
     bucket_mb: Optional[float] = None  # bucketed only
     comm_dtype: str = "fp32"  # bucketed only: dtype the gradients travel in
     lever: Optional[str] = None  # bucketed only: one of BUCKET_LEVERS on top of the plain row
+    sm_carveout: Optional[int] = None  # bucketed only: SMs cuBLAS leaves to NCCL while buckets reduce
 
     @property
     def label(self) -> str:
@@ -32,17 +33,20 @@ class RunSpec:
         if self.strategy == "bucketed":
             label += f" {self.bucket_mb:g} MiB" + (f" {self.comm_dtype} grads" if self.comm_dtype != "fp32" else "")
             label += f" +{self.lever}" if self.lever else ""
+            label += f" +carveout {self.sm_carveout}" if self.sm_carveout is not None else ""
         return label
 
 
 def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
-                levers: Optional[list[str]] = None) -> list[RunSpec]:
-    """bucketed: a row per comm dtype × cap, then each lever on top of the first comm dtype and cap."""
+                levers: Optional[list[str]] = None, carveouts: Optional[list[int]] = None) -> list[RunSpec]:
+    """bucketed: a row per comm dtype × cap, then each lever and each SM carveout on top of the first
+    comm dtype and cap."""
     runs = []
     for s in strategies:
         if s == "bucketed":
             runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
             runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
+            runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], sm_carveout=n) for n in carveouts or []]
         else:
             runs.append(RunSpec(s))
     return runs
@@ -55,7 +59,7 @@ def _unique(value, what: str, choices: tuple[str, ...]) -> list[str]:
     return items
 
 
-def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str) -> list[RunSpec]:
+def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carveout: str = "") -> list[RunSpec]:
     """The command line's strategy options -> the rows to run (every value checked, one-line errors)."""
     strategies = _unique(strategy, "--strategy", STRATEGIES) if strategy else list(STRATEGIES)
     bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
@@ -65,7 +69,13 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str) -> list
     levers = _unique(lever, "--lever", BUCKET_LEVERS) if lever else []
     if levers and "bucketed" not in strategies:
         raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
-    return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers)
+    carveouts = list(dict.fromkeys(parse_list(sm_carveout, int, what="--sm-carveout"))) if sm_carveout else []
+    if any(n < 0 for n in carveouts):
+        raise LmsysError("--sm-carveout: every value must be a number of SMs >= 0")
+    if carveouts and "bucketed" not in strategies:
+        raise LmsysError("--sm-carveout applies to the bucketed strategy: add --strategy bucketed")
+    return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers,
+                       carveouts=carveouts)
 
 
 def set_nccl_ctas(ctas: Optional[int]) -> Optional[str]:
