@@ -168,6 +168,8 @@ def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, p
     (["--lever", "magic"], "--lever must be one of"),
     (["--lever", "grad-views", "--strategy", "flat"], "--lever applies to the bucketed strategy"),
     (["--nccl-ctas", "0"], "--nccl-ctas must be >= 1"),
+    (["--lever", "copy-engine", "--backend", "gloo"], "--lever copy-engine needs GPUs"),
+    (["--lever", "copy-engine", "--comm-dtype", "bf16"], "--lever copy-engine reduces fp32 gradients"),
     (["--sm-carveout", "8,-1"], "--sm-carveout: every value must be a number of SMs >= 0"),
     (["--sm-carveout", "8", "--strategy", "flat"], "--sm-carveout applies to the bucketed strategy"),
 ])

@@ -17,7 +17,7 @@ def train(
     strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp | torch-fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
     bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
-    lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done); comma-separated.")] = "",
+    lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done) | copy-engine (buckets all-reduced by the GPUs' copy engines over NVLink, no SMs taken from backward; GPUs of one host); comma-separated.")] = "",
     sm_carveout: Annotated[str, typer.Option(help="SM carveouts, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: from the first bucket's all-reduce to the end of backward, cuBLAS matmuls leave this many SMs to NCCL (0 = only route matmuls through cuBLASLt); comma-separated. GPU only (no effect on a CPU).")] = "",
     nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
@@ -55,6 +55,7 @@ def train(
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes)
+    plan.check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
     size, context_length = check_model(size, context_length, backend=backend, dtype=dtype, runs=runs)

@@ -18,6 +18,8 @@ everywhere):
   Optionally (`sm_carveout`), from the first bucket's all-reduce until finish, cuBLAS matmuls leave that
   many SMs to NCCL (`MatmulCarveout`): NCCL's kernels hold their SMs for as long as they run, and a
   persistent GEMM sized for every SM then waits a second wave for the SMs NCCL holds.
+  Optionally (`copy_engine`, GPUs of one host), the buckets are all-reduced by the copy engines over
+  NVLink instead of NCCL's kernels (lmsys.distributed.copy_engine), leaving every SM to the backward.
 
 Shared rules:
 - Parameters with `requires_grad=False` are skipped; a parameter reached twice (tied weights) is
@@ -309,7 +311,8 @@ class MatmulCarveout:
 class _Bucket:
     """Parameters sharing one flat communication buffer; `views[k]` is parameter k's slice of it."""
 
-    def __init__(self, params: list[nn.Parameter], *, comm_dtype: Optional[torch.dtype]):
+    def __init__(self, params: list[nn.Parameter], *, comm_dtype: Optional[torch.dtype],
+                 buffer: Optional[torch.Tensor] = None):
         self.params = params
         dtype = params[0].dtype
         device = params[0].device
@@ -320,7 +323,8 @@ class _Bucket:
             self.offsets.append(offset)
             offset += p.numel()
         self.comm_dtype = comm_dtype or dtype
-        self.buffer = torch.zeros(total, dtype=self.comm_dtype, device=device)  # what is all-reduced
+        # what is all-reduced: its own, or a slice of a shared buffer (the copy-engine all-reduce's)
+        self.buffer = buffer if buffer is not None else torch.zeros(total, dtype=self.comm_dtype, device=device)
         self.views = [self._slice(self.buffer, k) for k in range(len(params))]
         if self.comm_dtype != dtype:  # the .grad views live in a buffer of the parameters' dtype
             self.grad_buffer = torch.zeros(total, dtype=dtype, device=device)
@@ -346,7 +350,7 @@ class BucketedDDP(_DataParallel):
 
     def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None,
                  bucket_order: str = "reverse", grad_views: bool = False, optimizer_factory=None,
-                 sm_carveout: Optional[int] = None):
+                 sm_carveout: Optional[int] = None, copy_engine: bool = False):
         super().__init__(module)
         if not bucket_size_mb > 0 or math.isinf(bucket_size_mb):
             raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb}")
@@ -357,6 +361,12 @@ class BucketedDDP(_DataParallel):
         self.grad_views = grad_views
         self._optimizer_factory = optimizer_factory
         self.carveout = MatmulCarveout(sm_carveout, self._device) if sm_carveout is not None else None
+        self.copy_engine = copy_engine
+        if copy_engine:
+            if self._device.type != "cuda" or comm_dtype is not None or any(
+                    p.dtype != torch.float32 for p in self._params):
+                raise ValueError("copy_engine needs fp32 parameters on CUDA GPUs and no comm_dtype")
+            self._op, self._prescale = dist.ReduceOp.SUM, 1.0 / self.world_size  # the sum is the mean
         self._learning = bucket_order == "learned"  # the first backward's hook order, then re-planned
         self._fired: list[nn.Parameter] = []
         self._build_buckets(list(reversed(self._params)))
@@ -364,8 +374,17 @@ class BucketedDDP(_DataParallel):
         self._next = 0  # the first bucket not launched yet
 
     def _build_buckets(self, order: list[nn.Parameter]) -> None:
-        self.buckets = [_Bucket(ps, comm_dtype=self.comm_dtype)
-                        for ps in self._plan_buckets(order, self.bucket_size_mb * MiB)]
+        plan = self._plan_buckets(order, self.bucket_size_mb * MiB)
+        buffers = [None] * len(plan)
+        self._ce = None
+        if self.copy_engine:
+            from lmsys.distributed.copy_engine import CopyEngineAllReduce
+            from lmsys.distributed.launch import timeout_seconds
+
+            self._ce = CopyEngineAllReduce([sum(p.numel() for p in ps) for ps in plan], self._device,
+                                           timeout_s=timeout_seconds())
+            buffers = [self._ce.bucket(b) for b in range(len(plan))]
+        self.buckets = [_Bucket(ps, comm_dtype=self.comm_dtype, buffer=buf) for ps, buf in zip(plan, buffers)]
         self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
         # optional: one optimizer per bucket, stepped as soon as that bucket's all-reduce is done
         self.bucket_optimizers = ([self._optimizer_factory(bucket.params) for bucket in self.buckets]
@@ -464,7 +483,10 @@ class BucketedDDP(_DataParallel):
             bucket = self.buckets[self._next]
             if self.carveout is not None:  # NCCL runs beside the backward from here until finish
                 self.carveout.on()
-            bucket.work = dist.all_reduce(bucket.buffer, op=self._op, async_op=True)
+            if self._ce is not None:
+                bucket.work = self._ce.launch(self._next)
+            else:
+                bucket.work = dist.all_reduce(bucket.buffer, op=self._op, async_op=True)
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:

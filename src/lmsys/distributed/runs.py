@@ -13,7 +13,7 @@ from lmsys.core.parsing import choose, parse_list
 
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
 COMM_DTYPES = ("fp32", "bf16")
-BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer")
+BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 LEARNING_RATE = 1e-3
 
 
@@ -69,6 +69,8 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carv
     levers = _unique(lever, "--lever", BUCKET_LEVERS) if lever else []
     if levers and "bucketed" not in strategies:
         raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
+    if "copy-engine" in levers and comm_dtypes[0] != "fp32":
+        raise LmsysError("--lever copy-engine reduces fp32 gradients: put fp32 first in --comm-dtype")
     carveouts = list(dict.fromkeys(parse_list(sm_carveout, int, what="--sm-carveout"))) if sm_carveout else []
     if any(n < 0 for n in carveouts):
         raise LmsysError("--sm-carveout: every value must be a number of SMs >= 0")
@@ -76,6 +78,12 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carv
         raise LmsysError("--sm-carveout applies to the bucketed strategy: add --strategy bucketed")
     return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers,
                        carveouts=carveouts)
+
+
+def check_levers_for_backend(runs: list[RunSpec], backend: str) -> None:
+    """The copy-engine all-reduce moves bytes between GPUs: with gloo there are none."""
+    if backend != "nccl" and any(r.lever == "copy-engine" for r in runs):
+        raise LmsysError("--lever copy-engine needs GPUs (the nccl backend); this run uses gloo")
 
 
 def set_nccl_ctas(ctas: Optional[int]) -> Optional[str]:

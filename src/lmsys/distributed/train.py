@@ -278,7 +278,8 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
             factory = partial(make_optimizer, lr=LEARNING_RATE)
         return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
                                bucket_order="learned" if spec.lever == "learned-order" else "reverse",
-                               grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout)
+                               grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout,
+                               copy_engine=spec.lever == "copy-engine")
     if spec.strategy == "torch-ddp":
         from torch.nn.parallel import DistributedDataParallel
 
