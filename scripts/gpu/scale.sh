@@ -11,6 +11,8 @@
 #   nsys  where DDP's backward loses its time: nsys over a bucketed and a flat run (opt-in; carry .debs)
 #   carve  DDP's SM carveout lever (cuBLAS leaves N SMs to NCCL while buckets reduce), with and
 #          without fewer NCCL CTAs (NCCL's channel count goes to carve_default.log: NCCL_DEBUG=INIT)
+#   ce    DDP's copy-engine lever: the 2-GPU tests, then bucketed (NCCL) vs +copy-engine vs torch-ddp
+#         three times (medians), and copy-engine with 100 MiB buckets
 #   reps  item 4's median: three rounds of {1 process, bucketed, torch-ddp}
 #   repcomm  item 7's median: three rounds of the four collectives at 1 GB with the bare loop
 # PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above.
@@ -61,6 +63,15 @@ if part carve; then
   run carve_ctas8 60 ddp train $XL --strategy bucketed --bucket-mb 400,100 --sm-carveout 8,16 --nccl-ctas 8 --steps 10 --no-baseline
   run carve_ctas4 60 ddp train $XL --strategy bucketed --bucket-mb 400 --sm-carveout 4,8 --nccl-ctas 4 --steps 10 --no-baseline
   run carve_ctas16 60 ddp train $XL --strategy bucketed --bucket-mb 400 --sm-carveout 16,24 --nccl-ctas 16 --steps 10 --no-baseline
+fi
+if part ce; then
+  echo "+ [$((SECONDS - START))s] gpu tests"
+  timeout 150 python3 -m pytest -q -x tests/test_distributed_gpu.py > "$OUT/ce_tests.log" 2>&1 \
+    || echo "gpu tests failed: $?" | tee -a "$OUT/failures.txt"
+  for r in 1 2 3; do
+    run "ce_$r" 90 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --lever copy-engine --steps 10
+    [ $r = 1 ] && run ce_100 60 ddp train $XL --strategy bucketed --bucket-mb 100 --lever copy-engine --steps 10 --no-baseline
+  done
 fi
 if part reps || part repcomm; then
   for r in 1 2 3; do

@@ -48,6 +48,11 @@ class CopyEngineAllReduce:
         self.sizes = list(sizes)
         self.padded = [math.ceil(n / quantum) * quantum for n in sizes]
         self.offsets = [sum(self.padded[:b]) for b in range(len(sizes))]
+        if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) != "CUDA":
+            try:  # CUDA's own IPC (not NVSHMEM, which torch may pick when installed)
+                symm_mem.set_backend("CUDA")
+            except RuntimeError:  # already fixed by an earlier allocation in this process
+                pass
         with warnings.catch_warnings():  # needed before torch 2.8, deprecated (a no-op) after
             warnings.simplefilter("ignore")
             if hasattr(symm_mem, "enable_symm_mem_for_group"):
