@@ -4,6 +4,8 @@
 #      and GQA (Hkv 4) against SDPA  -> $OUT/levers.md
 #   2. lmsys bench attention --preset leaderboard (d 64, then --d-head 128) -> $OUT/leaderboard*.md
 #   3. lmsys flash check on cuda (padded head dims and GQA cases included) -> $OUT/check.md
+# LEVERS=persistent,wide picks the lever rows of step 1 (default: all); CASES the flash check's cases
+# (default 24, ~230 s: all of it takes more than one 600 s device call, so split it with these two).
 # Run from the repository root; the package is taken from src/.
 set -uo pipefail
 OUT=${OUT:-lmsys-out}
@@ -13,7 +15,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 LMSYS="python3 -m lmsys"
 t0=$SECONDS
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)" | tee "$OUT/summary.txt"
-timeout 330 python3 scripts/gpu/flash_levers.py --out "$OUT/levers.md" 2>&1 | tee "$OUT/levers.log"
+timeout 330 python3 scripts/gpu/flash_levers.py --out "$OUT/levers.md" ${LEVERS:+--levers "$LEVERS"} 2>&1 | tee "$OUT/levers.log"
 echo "levers: rc=${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 timeout 90 $LMSYS bench attention --device cuda --preset leaderboard --impl sdpa-flash,sdpa-cudnn,flash-triton \
     --warmup 5 --steps 30 -f md >"$OUT/leaderboard.md" 2>&1
@@ -21,5 +23,5 @@ echo "leaderboard d64: rc=$? at $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 timeout 60 $LMSYS bench attention --device cuda --preset leaderboard --impl sdpa-flash,sdpa-cudnn,flash-triton \
     --d-head 128 --warmup 5 --steps 30 -f md >"$OUT/leaderboard128.md" 2>&1
 echo "leaderboard d128: rc=$? at $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
-timeout 60 $LMSYS flash check --device cuda --cases 24 --seed 0 -f md >"$OUT/check.md" 2>&1
+timeout 250 $LMSYS flash check --device cuda --cases ${CASES:-24} --seed 0 -f md >"$OUT/check.md" 2>&1
 echo "flash check: rc=$? at $((SECONDS - t0)) s: $(tail -n 1 "$OUT/check.md")" | tee -a "$OUT/summary.txt"

@@ -90,7 +90,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--d-head", default="64,128")
+    parser.add_argument("--levers", default="deterministic,tma,warp_specialize,persistent,wide",
+                        help="which lever rows to measure (the shipped and SDPA rows always run)")
     args = parser.parse_args()
+    chosen = set(args.levers.split(","))
     t0 = time.time()
     say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
         f"bf16 causal b{B} h{H} s{S}; do_bench median")
@@ -106,6 +109,7 @@ def main() -> None:
         fixed = ft.Policy(pick=0, configs=tuned)
         levers = {"deterministic=False": {"deterministic": False}, "tma": {"tma": True},
                   "warp_specialize": {"warp_specialize": True}, "persistent": {"persistent": True}}
+        levers = {label: change for label, change in levers.items() if label.split("=")[0] in chosen}
         helped = {}
         for label, change in levers.items():
             got = measure(f"+ {label} @ {shipped.ran.get('fwd')}/{shipped.ran.get('dkdv')}/{shipped.ran.get('dq')}",
@@ -113,7 +117,7 @@ def main() -> None:
             if got and base and got[1] < 0.99 * base[1] or got and base and got[0] < 0.99 * base[0]:
                 helped.update(change)
         best_wide = None
-        if d == 64:
+        if d == 64 and "wide" in chosen:
             wide = {name: ft.WIDE_CONFIGS[name] + tuned[name] for name in tuned}
             for i in range(len(ft.WIDE_CONFIGS["fwd"])):
                 policy = ft.Policy(pick=i, configs=wide)
