@@ -234,3 +234,47 @@ def test_mfu_column_against_the_closed_form(monkeypatch):
     assert got == pytest.approx(expected, rel=1e-12)
     monkeypatch.setattr(devices, "peak_tflops", lambda device, dtype, tf32=None: None)  # no GPU: no MFU
     assert mfu_percent(cfg, tokens=tokens, step_ms=ms, device="cpu", dtype="bf16", processes=2) is None
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_copy_engine_all_reduce_phases_sum_every_bucket(world):
+    """The copy-engine all-reduce's index arithmetic on the CPU: W simulated ranks share their flat
+    buffers through a stand-in for symmetric memory; reduce-scatter on every rank, then all-gather on
+    every rank (what the barriers order on GPUs) leaves every rank with the sum of all ranks' buckets."""
+    import torch
+
+    from lmsys.distributed.copy_engine import ALIGN_ELEMS, CopyEngineAllReduce
+
+    sizes = [5, ALIGN_ELEMS * world + 3, 1]  # lengths that need padding, a bucket of one element
+    padded = [-(-n // (world * ALIGN_ELEMS)) * world * ALIGN_ELEMS for n in sizes]
+    flats = [torch.zeros(sum(padded)) for _ in range(world)]
+
+    class Handle:  # get_buffer(rank, shape, dtype, offset): a view of that rank's buffer
+        def get_buffer(self, rank, shape, dtype, offset):
+            return flats[rank][offset:offset + shape[0]].view(shape)
+
+    ranks = []
+    for r in range(world):
+        ce = object.__new__(CopyEngineAllReduce)
+        ce.world, ce.rank, ce.sizes, ce.padded = world, r, sizes, padded
+        ce.offsets = [sum(padded[:b]) for b in range(len(sizes))]
+        ce.flat, ce.handle = flats[r], Handle()
+        ce.scratch = torch.empty((world - 1) * max(padded) // world)
+        ranks.append(ce)
+    data = [[torch.randn(n, dtype=torch.float64).float() for n in sizes] for _ in range(world)]
+    for ce, mine in zip(ranks, data):
+        for b, values in enumerate(mine):
+            ce.bucket(b).copy_(values)
+    for b in range(len(sizes)):
+        for ce in ranks:
+            ce.reduce_scatter(b)
+        for ce in ranks:
+            ce.all_gather(b)
+    for b, n in enumerate(sizes):
+        want = torch.stack([d[b].double() for d in data]).sum(0)
+        for ce in ranks:
+            torch.testing.assert_close(ce.bucket(b).double(), want, rtol=1e-6, atol=1e-6)
+            assert ce.bucket(b).numel() == n
+    for ce in ranks:  # the padding stays zero
+        assert all(ce.flat[ce.offsets[b] + sizes[b]:ce.offsets[b] + padded[b]].abs().sum() == 0
+                   for b in range(len(sizes)))

@@ -72,26 +72,39 @@ class CopyEngineAllReduce:
         self.handle.barrier(channel=0, timeout_ms=self.timeout_ms)
 
     def launch(self, b: int) -> "_StreamWork":
-        n = self.padded[b] // self.world
-        base = self.offsets[b]
-        peers = [(self.rank + s) % self.world for s in range(1, self.world)]
-        mine = self.flat[base + self.rank * n: base + (self.rank + 1) * n]
         self.stream.wait_stream(torch.cuda.current_stream())  # the bucket's gradients are staged
         with torch.cuda.stream(self.stream):
             self._barrier()
-            for i, peer in enumerate(peers):  # reduce-scatter: pull the peers' copies of my chunk
-                self.scratch[i * n:(i + 1) * n].copy_(
-                    self.handle.get_buffer(peer, (n,), torch.float32, base + self.rank * n))
-            for i in range(len(peers)):
-                mine.add_(self.scratch[i * n:(i + 1) * n])
+            self.reduce_scatter(b)
             self._barrier()
-            for peer in peers:  # all-gather: pull the peers' reduced chunks
-                self.flat[base + peer * n: base + (peer + 1) * n].copy_(
-                    self.handle.get_buffer(peer, (n,), torch.float32, base + peer * n))
+            self.all_gather(b)
             self._barrier()
             event = torch.cuda.Event()
             event.record(self.stream)
         return _StreamWork(event)
+
+    def _chunk(self, b: int, owner: int) -> tuple[int, int]:
+        """(offset in the flat buffer, length) of `owner`'s chunk of bucket b."""
+        n = self.padded[b] // self.world
+        return self.offsets[b] + owner * n, n
+
+    def _peers(self) -> list[int]:
+        return [(self.rank + s) % self.world for s in range(1, self.world)]
+
+    def reduce_scatter(self, b: int) -> None:
+        """Pull the peers' copies of my chunk (copy engines), then add them to mine."""
+        start, n = self._chunk(b, self.rank)
+        for i, peer in enumerate(self._peers()):
+            self.scratch[i * n:(i + 1) * n].copy_(self.handle.get_buffer(peer, (n,), torch.float32, start))
+        mine = self.flat[start:start + n]
+        for i in range(self.world - 1):
+            mine.add_(self.scratch[i * n:(i + 1) * n])
+
+    def all_gather(self, b: int) -> None:
+        """Pull every peer's reduced chunk into my buffer (copy engines)."""
+        for peer in self._peers():
+            start, n = self._chunk(b, peer)
+            self.flat[start:start + n].copy_(self.handle.get_buffer(peer, (n,), torch.float32, start))
 
 
 class _StreamWork:
