@@ -5,8 +5,9 @@ TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys
 Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (autotuned), then each lever alone at the tiles the
 autotuner chose (one compile per kernel, no re-tuning): deterministic=False (one backward launch, atomic
 dQ), tma (tensor-descriptor loads in the forward), warp_specialize, persistent (forward grid of one program
-per SM, causal tiles heaviest first), then the wide-tile configs (d 64, each picked in turn), then the best
-combination of what helped. Every variant is first checked against SDPA
+per SM, causal tiles heaviest first), then the wide-tile configs (d 64, each picked in turn), then the
+backward tiles of BWD_TILES (dK/dV and dQ kernels, the forward at its tuned tile), then the best
+combination of what helped. --levers picks which of these rows run. Every variant is first checked against SDPA
 (max relative error of O, dQ, dK, dV) at b1 h4 s1031. Then d 80 and GQA (Hkv 4 of 16) against SDPA.
 
     PYTHONPATH=src python3 scripts/gpu/flash_levers.py [--out FILE.md]
@@ -26,6 +27,11 @@ from lmsys.core.flops import attention_flops
 from lmsys.kernels import flash_triton as ft
 
 B, H, S = 1, 16, 16384
+# (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and dQ kernels for the "bwd-tiles" lever: the Triton
+# tutorial's Hopper choice (narrow streamed side, 5 stages) and neighbours of it
+BWD_TILES = [((32, 128, 4, 5), (128, 32, 4, 5)), ((32, 128, 4, 4), (128, 32, 4, 4)),
+             ((32, 128, 8, 5), (128, 32, 8, 5)), ((64, 128, 8, 4), (128, 64, 8, 4)),
+             ((64, 64, 4, 5), (64, 64, 4, 5)), ((32, 64, 4, 5), (64, 32, 4, 5))]
 LINES: list[str] = []
 
 
@@ -90,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--d-head", default="64,128")
-    parser.add_argument("--levers", default="deterministic,tma,warp_specialize,persistent,wide",
+    parser.add_argument("--levers", default="deterministic,tma,warp_specialize,persistent,wide,bwd-tiles",
                         help="which lever rows to measure (the shipped and SDPA rows always run)")
     args = parser.parse_args()
     chosen = set(args.levers.split(","))
@@ -126,6 +132,11 @@ def main() -> None:
                     best_wide = (got[1], i, dict(policy.ran))
             if best_wide:
                 say(f"<!-- best wide tiles d64: #{best_wide[1]} {best_wide[2]} -->")
+        if "bwd-tiles" in chosen:  # backward tiles and deeper pipelines, the forward kept at its tuned tile
+            for dkdv, dq in BWD_TILES:
+                policy = ft.Policy(pick=0, configs={"fwd": tuned["fwd"], "dkdv": [ft._config(*dkdv)],
+                                                    "dq": [ft._config(*dq)]})
+                measure(f"+ bwd tiles dkdv {dkdv} dq {dq}", triton_impl(policy), d)
         combo = replace(ft.Policy(pick=best_wide[1], configs=wide) if best_wide else fixed, ran={}, **helped)
         measure(f"best combination {helped or '(none helped)'}{' + wide #%d' % best_wide[1] if best_wide else ''}",
                 triton_impl(combo), d)
