@@ -23,6 +23,7 @@ a dead rank ends the job instead of hanging it.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import torch
@@ -41,6 +42,8 @@ class CopyEngineAllReduce:
 
         if torch.device(device).type != "cuda":
             raise ValueError("the copy-engine all-reduce needs CUDA GPUs")
+        # copies only: never let the rendezvous create an NVLink multicast object (DEVICE.md)
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         group = dist.group.WORLD
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
@@ -48,22 +51,30 @@ class CopyEngineAllReduce:
         self.sizes = list(sizes)
         self.padded = [math.ceil(n / quantum) * quantum for n in sizes]
         self.offsets = [sum(self.padded[:b]) for b in range(len(sizes))]
-        if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) != "CUDA":
-            try:  # CUDA's own IPC (not NVSHMEM, which torch may pick when installed)
-                symm_mem.set_backend("CUDA")
-            except RuntimeError:  # already fixed by an earlier allocation in this process
-                pass
-        with warnings.catch_warnings():  # needed before torch 2.8, deprecated (a no-op) after
+        if hasattr(symm_mem, "get_backend") and symm_mem.get_backend(device) != "CUDA":
+            # CUDA's own IPC; raises if another backend (NVSHMEM: collective frees) already allocated
+            symm_mem.set_backend("CUDA")
+        with warnings.catch_warnings():  # needed before torch 2.8, deprecated (still harmless) after
             warnings.simplefilter("ignore")
             if hasattr(symm_mem, "enable_symm_mem_for_group"):
                 symm_mem.enable_symm_mem_for_group(group.group_name)
         self.flat = symm_mem.empty(sum(self.padded), dtype=torch.float32, device=device)
         self.flat.zero_()  # the padding stays zero: it is summed and gathered with the rest
         self.handle = symm_mem.rendezvous(self.flat, group.group_name)
+        ptrs = getattr(self.handle, "buffer_ptrs", None)  # get_buffer offsets count from the allocation
+        if self.handle is None or (ptrs is not None and ptrs[self.rank] != self.flat.data_ptr()):
+            raise RuntimeError("copy-engine all-reduce: the flat buffer must start its symmetric allocation")
+        # high priority: the barriers and adds, the only SM work here, go ahead of the backward's blocks
+        self.stream = torch.cuda.Stream(device, priority=-1)
         chunk = max(self.padded) // self.world
-        self.scratch = torch.empty((self.world - 1) * chunk, dtype=torch.float32, device=device)
-        self.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self.stream):  # allocated on the stream that uses it
+            self.scratch = torch.empty((self.world - 1) * chunk, dtype=torch.float32, device=device)
         self.timeout_ms = int(timeout_s * 1000)
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory outside torch's allocator statistics (symmetric memory is mapped by cuMemCreate)."""
+        return self.flat.numel() * self.flat.element_size()
 
     def bucket(self, b: int) -> torch.Tensor:
         return self.flat[self.offsets[b]:self.offsets[b] + self.sizes[b]]

@@ -385,6 +385,8 @@ class BucketedDDP(_DataParallel):
                                            timeout_s=timeout_seconds())
             buffers = [self._ce.bucket(b) for b in range(len(plan))]
         self.buckets = [_Bucket(ps, comm_dtype=self.comm_dtype, buffer=buf) for ps, buf in zip(plan, buffers)]
+        # device memory torch's peak statistics miss: the symmetric buffer is mapped outside its allocator
+        self.unaccounted_bytes = self._ce.nbytes if self._ce is not None else 0
         self._slot = {id(p): (b, k) for b, bucket in enumerate(self.buckets) for k, p in enumerate(bucket.params)}
         # optional: one optimizer per bucket, stepped as soon as that bucket's all-reduce is done
         self.bucket_optimizers = ([self._optimizer_factory(bucket.params) for bucket in self.buckets]

@@ -224,7 +224,10 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
     except torch.OutOfMemoryError as exc:
         raise RankOutOfMemory(rank=ctx.rank, phase=tracker.phase, what=spec.label, exc=exc) from None
     tracker.close()
-    peak = _max_over_ranks(ctx, peak_memory(ctx.device))
+    peak = peak_memory(ctx.device)
+    if peak is not None:  # plus what torch's allocator does not see (the copy-engine lever's buffer)
+        peak += getattr(wrapped, "unaccounted_bytes", 0)
+    peak = _max_over_ranks(ctx, peak)
     optim_bytes = _max_over_ranks(ctx, optimizer_state_bytes(optimizer))
     final = final_parameters(wrapped, spec)
     parity = None
