@@ -46,6 +46,10 @@ class CopyEngineAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         group = dist.group.WORLD
         self.world = dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))  # torchrun's ranks on this host
+        if local != self.world:
+            raise ValueError(f"the copy-engine all-reduce needs every rank on one host (NVLink peers); "
+                             f"this host has {local} of {self.world}")
         self.rank = dist.get_rank()
         quantum = self.world * ALIGN_ELEMS
         self.sizes = list(sizes)
