@@ -22,3 +22,14 @@ def run_world(worker, world: int) -> dict:
             with open(out) as f:
                 _CACHE[key] = json.load(f)
     return _CACHE[key]
+
+
+def finish(rank: int, results: dict, out_path: str) -> None:
+    """A worker's end: rank 0 writes `results` (JSON) for run_world, then every rank leaves the group."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()

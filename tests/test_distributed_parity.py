@@ -251,11 +251,7 @@ def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
         gathered = [None] * world
         dist.all_gather_object(gathered, info)
         results[scenario_id(s)] = dict(diff=diff, disagree=ranks_disagree(final), info=gathered)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    gloo_world.finish(rank, results, out_path)
 
 
 def run_world(world: int) -> dict:
@@ -425,11 +421,7 @@ def avg_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
         # the wrappers really took the AVG path
         wrapped = ddp.NaiveDDP(make_model("tied"))
         results["op"] = [str(wrapped._op), wrapped._prescale]
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    gloo_world.finish(rank, results, out_path)
 
 
 def test_every_ddp_wrapper_matches_single_process_training_with_reduce_op_avg():

@@ -9,7 +9,6 @@ steps and one that never gets a gradient.
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import gloo_world
@@ -109,11 +108,7 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
         gathered = [None] * world
         dist.all_gather_object(gathered, info)
         results[scenario] = gathered
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    gloo_world.finish(rank, results, out)
 
 
 def run_world(world: int) -> dict:
