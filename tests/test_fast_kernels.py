@@ -43,8 +43,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", [1, 1000, 4096 * 2 + 3])
-def test_adamw_update_matches_torch_adamw(n, device):
-    """Triton kernel (interpreter on a CPU) vs torch.optim.AdamW on the fp32 master, several steps."""
+@pytest.mark.parametrize("programs", [None, 1, 2])
+def test_adamw_update_matches_torch_adamw(n, device, programs):
+    """Triton kernel (interpreter on a CPU) vs torch.optim.AdamW on the fp32 master, several steps; with
+    `programs`, a grid smaller than the tile count loops (n = 2 tiles + 3: the last program does two)."""
     torch.manual_seed(n)
     master_ref = torch.randn(n, dtype=torch.float32, device=device, requires_grad=True)
     opt = torch.optim.AdamW([master_ref], lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
@@ -56,7 +58,7 @@ def test_adamw_update_matches_torch_adamw(n, device):
         master_ref.grad = g.float()
         opt.step()
         adamw_update_(param, g, master, m, v, step=step, lr=1e-2, beta1=0.8, beta2=0.95, eps=1e-6,
-                      weight_decay=0.1)
+                      weight_decay=0.1, programs=programs)
     torch.testing.assert_close(master, master_ref.detach(), rtol=1e-5, atol=1e-6)
     # GPUs round fp32 -> bf16 to nearest even; Triton's interpreter truncates (one bf16 ulp, 2^-7 relative).
     ulp = 0 if device == "cuda" else 2**-7

@@ -105,13 +105,43 @@ def test_whole_model_compile_with_hooks_on_tiny():
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
 
 
+def test_carveout_is_on_from_the_first_update_until_step():
+    """The matmuls leave SMs to the updates only while updates can run: from the first hook's update
+    (the rest of the backward) until the optimizer phase has waited for them."""
+    events = []
+
+    class Recorder:
+        def on(self):
+            events.append(("on", sum(p.grad is None for p in model.parameters())))
+
+        def off(self):
+            events.append(("off", None))
+
+    workload = Workload(CFG, batch_size=2, dtype="fp32")
+    step = build_train_step(workload, CPU)
+    model = step.model
+    opt = OptimizerInBackward(update_groups(model), lambda ps: torch.optim.AdamW(ps, lr=1e-3), carveout=Recorder())
+    x, y = random_batch(workload, CPU)
+    with torch.autocast("cpu", enabled=False):
+        step.loss_fn(x, y).backward()
+    n_params = len(list(model.parameters()))
+    first_on = events[0]
+    assert first_on[0] == "on" and first_on[1] < n_params  # on when the first group's gradients arrived
+    assert ("off", None) not in events  # still on at the end of the backward
+    opt.step()
+    assert events[-1] == ("off", None)
+    opt.remove_hooks()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_scope", ["none", "blocks"])
-def test_side_stream_equals_step_after_backward_on_cuda(compile_scope):
+@pytest.mark.parametrize("compile_scope, carveout", [("none", None), ("blocks", None), ("blocks", 16)])
+def test_side_stream_equals_step_after_backward_on_cuda(compile_scope, carveout):
     cuda = torch.device("cuda")
     options = dict(batch_size=2, lr=3e-3, dtype="bf16", master_weights=True, compile=compile_scope)
     reference = trained(Workload(CFG, **options), device=cuda)
-    side = trained(Workload(CFG, optimizer_in_backward=True, optimizer_stream=True, **options), device=cuda)
+    side = trained(Workload(CFG, optimizer_in_backward=True, optimizer_stream=True, sm_carveout=carveout,
+                            **options), device=cuda)
+    assert torch._C._get_sm_carveout_experimental() in (None, 0)  # restored after every step
     for p, q in zip(reference, side):
         torch.testing.assert_close(q, p, rtol=0, atol=0)
 
@@ -139,6 +169,15 @@ def test_fast_path_switches():
     for _, plain in e2e.reference_workloads(mine):
         assert not plain.optimizer_in_backward and not plain.optimizer_stream
     assert mine.describe().endswith("optimizer in backward (side stream)")
+    carved = Workload(CFG, dtype="bf16", compile="blocks", master_weights=True, optimizer_in_backward=True,
+                      optimizer_stream=True, sm_carveout=16)
+    assert carved.describe().endswith("optimizer in backward (side stream, matmuls leave it 16 SMs)")
+    for _, plain in e2e.reference_workloads(carved):
+        assert plain.sm_carveout is None
+    carve = e2e.step_options(cuda, "bf16", fast=True, attn=None, compile_scope="blocks", optimizer="auto",
+                             master_weights=False, fused_ce="auto", tf32=False, optimizer_in_backward=True,
+                             optimizer_stream=True, sm_carveout=16)
+    assert carve["sm_carveout"] == 16
 
 
 def test_cli_on_cpu_says_the_switch_is_on(lmsys):
@@ -163,6 +202,8 @@ def test_fp16_grad_scaler_is_refused():
     (("--optimizer-stream",), "add --optimizer-in-backward"),
     (("--optimizer-in-backward", "--optimizer-stream"), "--optimizer-stream needs a CUDA GPU"),
     (("--optimizer-in-backward", "--compile", "--cuda-graphs"), "--cuda-graphs is not supported"),
+    (("--optimizer-in-backward", "--sm-carveout", "16"), "add --optimizer-in-backward --optimizer-stream"),
+    (("--sm-carveout", "16"), "add --optimizer-in-backward --optimizer-stream"),
 ])
 def test_refused_combinations_exit_2_with_one_line(lmsys, args, message):
     r = lmsys("bench", "e2e", "--size", "tiny", "--layers", "1", "--context-length", "16", "--steps", "1",

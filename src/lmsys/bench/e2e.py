@@ -90,10 +90,12 @@ def fast_path(device, dtype: str) -> dict:
 
 def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_scope: str | None,
                  optimizer: str, master_weights: bool, fused_ce: str, tf32: bool,
-                 optimizer_in_backward: bool | None = None, optimizer_stream: bool | None = None) -> dict:
+                 optimizer_in_backward: bool | None = None, optimizer_stream: bool | None = None,
+                 sm_carveout: int | None = None) -> dict:
     """The command line's switches -> Workload fields (plus `attn_impl`): `--fast` first, then each
     explicit switch on top. optimizer 'auto' = fused AdamW on a GPU; fused_ce 'auto' | 'on' | 'off';
-    optimizer_in_backward / optimizer_stream: None keeps what `--fast` chose (off without it)."""
+    optimizer_in_backward / optimizer_stream: None keeps what `--fast` chose (off without it);
+    sm_carveout: SMs the backward's matmuls leave to the in-backward updates (None: all SMs to both)."""
     choose(fused_ce, ("auto", "on", "off"), what="--fused-ce")
     choose(optimizer, ("auto", "adamw", "adamw-fused"), what="--optimizer")
     options = fast_path(device, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
@@ -113,6 +115,7 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
         options["optimizer_stream"] = False  # the side stream only exists for the in-backward updates
     if options["optimizer_stream"] and options["optimizer_in_backward"] and device.type != "cuda":
         raise LmsysError("--optimizer-stream needs a CUDA GPU (it overlaps the updates with the backward)")
+    options["sm_carveout"] = sm_carveout
     return options
 
 
@@ -131,7 +134,7 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
     plain = replace(workload, config=workload.config.with_overrides(attn_impl="naive"), compile="none",
                     cuda_graphs=False, optimizer="adamw", master_weights=False, fused_ce=False,
                     checkpoint="none", tf32=False,
-                    optimizer_in_backward=False, optimizer_stream=False)
+                    optimizer_in_backward=False, optimizer_stream=False, sm_carveout=None)
     return [(PLAIN_EAGER, plain), (PLAIN_COMPILED, replace(plain, compile="model", optimizer="adamw-fused"))]
 
 

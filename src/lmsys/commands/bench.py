@@ -37,6 +37,7 @@ def e2e(
     tf32: Annotated[bool, typer.Option("--tf32", metavar="", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
     optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", metavar="", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (off by default, also with --fast: measured no faster on an H200).")] = None,
     optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", metavar="", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (needs --optimizer-in-backward).")] = None,
+    sm_carveout: Annotated[Optional[int], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
     fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
     compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
@@ -65,7 +66,8 @@ def e2e(
     options = lib.step_options(dev, dtype, fast=fast, attn=attn,
                                compile_scope="model" if compile else ("blocks" if compile_blocks else None),
                                optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
-                               optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream)
+                               optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
+                               sm_carveout=sm_carveout)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))

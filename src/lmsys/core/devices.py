@@ -1,4 +1,5 @@
-"""Device selection, the facts that make a benchmark reproducible, peak rates for MFU, and memory."""
+"""Device selection, the facts that make a benchmark reproducible, peak rates for MFU, memory, and the
+SM carveout that keeps matmuls off some SMs for the kernels beside them."""
 
 from __future__ import annotations
 
@@ -156,3 +157,42 @@ def free_memory(device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+class MatmulCarveout:
+    """While on, CUDA matmuls target (SM count - `sms`) SMs, leaving `sms` to the kernels beside them
+    (NCCL's in DDP, the in-backward AdamW's in a training step): torch's experimental SM carveout,
+    which cuBLASLt reads, with matmuls routed to cuBLASLt meanwhile. `on()` and `off()` restore what
+    was set before; both are no-ops off a GPU."""
+
+    def __init__(self, sms: int, device):
+        import torch
+
+        if sms < 0:
+            raise ValueError(f"sms must be >= 0, got {sms}")
+        self.sms = sms
+        self.enabled = torch.device(device).type == "cuda"
+        self._saved = None
+
+    def on(self) -> None:
+        if not self.enabled or self._saved is not None:
+            return
+        import warnings
+
+        import torch
+
+        self._saved = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        with warnings.catch_warnings():  # torch warns once that the knob is experimental
+            warnings.simplefilter("ignore")
+            torch._C._set_sm_carveout_experimental(self.sms)
+
+    def off(self) -> None:
+        if self._saved is None:
+            return
+        import torch
+
+        library, carveout = self._saved
+        torch.backends.cuda.preferred_blas_library(library)
+        torch._C._set_sm_carveout_experimental(carveout)
+        self._saved = None

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lmsys.core.devices import MatmulCarveout  # re-exported: the class moved to core (train uses it too)
 from lmsys.core.parsing import MiB
 
 
@@ -274,38 +275,6 @@ class StepInFinish(torch.optim.Optimizer):
     def state_tensors(self) -> list[torch.Tensor]:
         return [t for opt in self._ddp.bucket_optimizers for st in opt.state.values()
                 for t in st.values() if torch.is_tensor(t)]
-
-
-class MatmulCarveout:
-    """While on, CUDA matmuls target (SM count - `sms`) SMs, leaving `sms` to the kernels beside them
-    (NCCL's): torch's experimental SM carveout, which cuBLASLt reads, with matmuls routed to cuBLASLt
-    meanwhile. `on()` and `off()` restore what was set before; both are no-ops off a GPU."""
-
-    def __init__(self, sms: int, device):
-        if sms < 0:
-            raise ValueError(f"sms must be >= 0, got {sms}")
-        self.sms = sms
-        self.enabled = torch.device(device).type == "cuda"
-        self._saved = None
-
-    def on(self) -> None:
-        if not self.enabled or self._saved is not None:
-            return
-        import warnings
-
-        self._saved = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        with warnings.catch_warnings():  # torch warns once that the knob is experimental
-            warnings.simplefilter("ignore")
-            torch._C._set_sm_carveout_experimental(self.sms)
-
-    def off(self) -> None:
-        if self._saved is None:
-            return
-        library, carveout = self._saved
-        torch.backends.cuda.preferred_blas_library(library)
-        torch._C._set_sm_carveout_experimental(carveout)
-        self._saved = None
 
 
 class _Bucket:

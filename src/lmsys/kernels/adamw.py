@@ -21,13 +21,9 @@ from lmsys.kernels import triton_interpreted
 
 
 @triton.jit
-def _adamw_kernel(
-    P, G, W, M, V,  # bf16/fp16 weight, its gradient, fp32 master, fp32 moments
-    n_elements,
-    lr, beta1, beta2, eps, weight_decay, bias_correction1, sqrt_bias_correction2,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _adamw_tile(P, G, W, M, V, tile, n_elements, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+                sqrt_bias_correction2, BLOCK: tl.constexpr):
+    offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     g = tl.load(G + offs, mask=mask).to(tl.float32)
     w = tl.load(W + offs, mask=mask)
@@ -43,21 +39,42 @@ def _adamw_kernel(
     tl.store(P + offs, w.to(P.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _adamw_kernel(
+    P, G, W, M, V,  # bf16/fp16 weight, its gradient, fp32 master, fp32 moments
+    n_elements,
+    lr, beta1, beta2, eps, weight_decay, bias_correction1, sqrt_bias_correction2,
+    BLOCK: tl.constexpr,
+    LOOP: tl.constexpr,  # a grid smaller than the tile count: each program strides over the tiles
+):
+    if LOOP:
+        for tile in range(tl.program_id(0), tl.cdiv(n_elements, BLOCK), tl.num_programs(0)):
+            _adamw_tile(P, G, W, M, V, tile, n_elements, lr, beta1, beta2, eps, weight_decay,
+                        bias_correction1, sqrt_bias_correction2, BLOCK)
+    else:
+        _adamw_tile(P, G, W, M, V, tl.program_id(0), n_elements, lr, beta1, beta2, eps, weight_decay,
+                    bias_correction1, sqrt_bias_correction2, BLOCK)
+
+
 def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or triton_interpreted()
 
 
 def adamw_update_(param, grad, master, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float,
-                  beta2: float, eps: float, weight_decay: float) -> None:
-    """One AdamW step on one tensor, in place (Triton on CUDA or under the interpreter, else PyTorch)."""
+                  beta2: float, eps: float, weight_decay: float, programs: int | None = None) -> None:
+    """One AdamW step on one tensor, in place (Triton on CUDA or under the interpreter, else PyTorch).
+    `programs` caps the Triton grid (each program then loops over tiles): a kernel that runs beside
+    others keeps to that many CTAs instead of flooding every SM."""
     bc1 = 1.0 - beta1**step
     sqrt_bc2 = math.sqrt(1.0 - beta2**step)
     if _use_triton(param):
         n = param.numel()
         BLOCK = 4096
-        _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+        tiles = triton.cdiv(n, BLOCK)
+        grid = tiles if programs is None else max(1, min(programs, tiles))
+        _adamw_kernel[(grid,)](
             param, grad, master, exp_avg, exp_avg_sq, n,
-            lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2, BLOCK=BLOCK, num_warps=8,
+            lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2, BLOCK=BLOCK, LOOP=grid < tiles, num_warps=8,
         )
         return
     g = grad.float()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lmsys.core.devices import torch_dtype
+from lmsys.core.devices import MatmulCarveout, torch_dtype
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
 from lmsys.model.config import ModelConfig
@@ -47,6 +47,7 @@ class Workload:
     tf32: bool = False             # TF32 tensor cores for fp32 matmuls
     optimizer_in_backward: bool = False  # each block's AdamW runs from a post-accumulate-grad hook
     optimizer_stream: bool = False  # ... on a side CUDA stream, under the rest of the backward
+    sm_carveout: int | None = None  # ... while the backward's matmuls leave this many SMs to it
     lr: float = 1e-4
 
     def __post_init__(self):
@@ -84,7 +85,9 @@ class Workload:
         if self.tf32:
             parts.append("TF32")
         if self.optimizer_in_backward:
-            parts.append("optimizer in backward" + (" (side stream)" if self.optimizer_stream else ""))
+            where = " (side stream" + (f", matmuls leave it {self.sm_carveout} SMs" if self.sm_carveout is not None
+                                       else "") + ")"
+            parts.append("optimizer in backward" + (where if self.optimizer_stream else ""))
         return ", ".join(parts)
 
 
@@ -93,6 +96,11 @@ def check_optimizer_in_backward(workload: Workload) -> None:
     if workload.optimizer_stream and not workload.optimizer_in_backward:
         raise LmsysError("--optimizer-stream runs the in-backward updates on a side stream: "
                          "add --optimizer-in-backward")
+    if workload.sm_carveout is not None and not (workload.optimizer_in_backward and workload.optimizer_stream):
+        raise LmsysError("--sm-carveout leaves SMs to the in-backward updates on their side stream: "
+                         "add --optimizer-in-backward --optimizer-stream")
+    if workload.sm_carveout is not None and workload.sm_carveout < 0:
+        raise LmsysError(f"--sm-carveout must be >= 0 SMs, not {workload.sm_carveout}")
     if not workload.optimizer_in_backward:
         return
     if workload.dtype == "fp16":
@@ -252,7 +260,9 @@ def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
         return make_optimizer(params, lr=workload.lr, kind=workload.optimizer, master_weights=workload.master_weights)
 
     if workload.optimizer_in_backward:
-        optimizer = OptimizerInBackward(groups, build_optimizer, stream=side_stream(workload, device))
+        carveout = None if workload.sm_carveout is None else MatmulCarveout(workload.sm_carveout, device)
+        optimizer = OptimizerInBackward(groups, build_optimizer, stream=side_stream(workload, device),
+                                        carveout=carveout)
     else:
         optimizer = build_optimizer(model.parameters())
     return TrainStep(model, optimizer, device=device, dtype=workload.dtype, loss_fn=loss_fn,
@@ -306,14 +316,18 @@ class OptimizerInBackward:
     reuse their memory under the update, and `step()` makes the current stream wait for the side
     stream before the next forward reads the weights. `step()` is all that is left after backward:
     it updates any group whose gradients came only in part (a parameter unused by the loss) and waits.
+    With `carveout` (a MatmulCarveout), the backward's matmuls leave its SMs to the updates from the
+    first update until `step()`: a GEMM sized for every SM otherwise holds them all while it runs.
 
     Per-tensor AdamW is elementwise, so the result equals one optimizer stepped after the backward.
     Looks like a torch.optim.Optimizer to TrainStep (`step`, `zero_grad`, `param_groups`, `state`)."""
 
-    def __init__(self, groups: list[list[torch.nn.Parameter]], make_optimizer, *, stream=None):
+    def __init__(self, groups: list[list[torch.nn.Parameter]], make_optimizer, *, stream=None,
+                 carveout: MatmulCarveout | None = None):
         self.groups = [g for g in groups if g]
         self.optimizers = [make_optimizer(g) for g in self.groups]
         self.stream = stream
+        self.carveout = carveout
         self._arrived = [0] * len(self.groups)
         self._active = True
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(i))
@@ -340,6 +354,8 @@ class OptimizerInBackward:
     def _update(self, index: int) -> None:
         self._arrived[index] = 0
         grads = [p.grad for p in self.groups[index] if p.grad is not None]
+        if self.carveout is not None:
+            self.carveout.on()  # the rest of the backward runs beside the updates
         if self.stream is None:
             self.optimizers[index].step()
         else:
@@ -357,6 +373,8 @@ class OptimizerInBackward:
         for index, arrived in enumerate(self._arrived):
             if arrived:
                 self._update(index)
+        if self.carveout is not None:
+            self.carveout.off()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
