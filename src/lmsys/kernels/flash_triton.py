@@ -66,8 +66,13 @@ _WIDEN_BF16_DOTS = tl.constexpr(INTERPRET)
 
 
 def head_dim_pad(d: int) -> int:
-    """The tile width for head dim d: the next power of two (tl.arange's extents must be powers of two)."""
-    return triton.next_power_of_2(d)
+    """The tile width for head dim d: the next power of two (tl.arange's extents must be powers of two).
+    Plain Python: triton.next_power_of_2 is a constexpr function whose wrapper costs µs on every call."""
+    return 1 << (d - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv without its constexpr wrapper (the launchers run it on every call)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -351,9 +356,14 @@ DEFAULT_POLICY = Policy()  # what the levers default to; the lead flips them fro
 
 
 def default_policy() -> Policy:
-    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0."""
-    pick = 0 if os.environ.get("LMSYS_FLASH_AUTOTUNE", "1") == "0" else DEFAULT_POLICY.pick
-    return replace(DEFAULT_POLICY, pick=pick, ran={})
+    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0.
+    A shallow copy with its own `ran`, made by hand: dataclasses.replace and copy.copy cost 5-10 µs,
+    paid on every attention call at launch-bound shapes."""
+    policy = object.__new__(Policy)
+    policy.__dict__.update(DEFAULT_POLICY.__dict__, ran={})
+    if os.environ.get("LMSYS_FLASH_AUTOTUNE") == "0":
+        policy.pick = 0
+    return policy
 
 
 def _tuners() -> dict:
@@ -773,8 +783,8 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
 
     def grid(meta):
         if persistent:
-            return (min(programs, triton.cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), H, Z)
+            return (min(programs, _cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
+        return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
@@ -808,13 +818,13 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
     shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):
-        return (triton.cdiv(n_k, meta["BLOCK_N"]), H_kv, Z)
+        return (_cdiv(n_k, meta["BLOCK_N"]), H_kv, Z)
 
     def grid_queries(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), H, Z)
+        return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
     with _device_guard(q.device):
-        _attn_bwd_preprocess[(triton.cdiv(n_q, pre_block), H, Z)](
+        _attn_bwd_preprocess[(_cdiv(n_q, pre_block), H, Z)](
             o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d),
             BLOCK_M=pre_block)
         _launch("dkdv", grid_keys,
@@ -825,7 +835,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
             _launch("dq", grid_queries,
                     (q4, k4, v4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                      *v4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts, policy, q)
-    return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+    dq4 = dq4 if dq4.dtype == q.dtype else dq4.to(q.dtype)  # the atomic path accumulates dQ in fp32
+    return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
 
 
 # ------------------------------------------------------------------------------ autograd.Function
