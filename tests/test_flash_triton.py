@@ -147,11 +147,15 @@ def test_atomic_backward_matches_float64(case):
 @pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
 @pytest.mark.parametrize("case", [((1,), 4, 2, 37, 29, 80, True, torch.float32),
                                   ((1,), 2, 2, 33, 50, 64, False, torch.bfloat16)])
-def test_tensor_descriptor_and_warp_specialised_forward_match_float64(case):
+def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case):
+    """Tensor-descriptor loads in the forward and in both backward kernels (padded d, GQA, n_q != n_k)."""
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
-    policy = flash_triton.Policy(tma=True, warp_specialize=True)
-    assert flash_triton._tma_usable(policy, q, k, v) == (DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9)
+    policy = flash_triton.Policy(tma=True, tma_backward=True, warp_specialize=True)
+    hopper = DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9
+    assert flash_triton._tma_usable(policy, q, k, v) == hopper
+    assert flash_triton._tma_usable(policy, q, k, v, backward=True) == hopper
+    assert not flash_triton._tma_usable(flash_triton.Policy(tma=True), q, k, v, backward=True)
     _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
 
 

@@ -4,7 +4,7 @@ TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys
 
 Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (autotuned), then each lever alone at the tiles the
 autotuner chose (one compile per kernel, no re-tuning): deterministic=False (one backward launch, atomic
-dQ), tma (tensor-descriptor loads in the forward), warp_specialize, persistent (forward grid of one program
+dQ), tma (tensor-descriptor loads in the forward), tma_backward (in both backward kernels), warp_specialize, persistent (forward grid of one program
 per SM, causal tiles heaviest first), then the wide-tile configs (d 64, each picked in turn), then the
 backward tiles of BWD_TILES (dK/dV and dQ kernels, the forward at its tuned tile), then the best
 combination of what helped. --levers picks which of these rows run. Every variant is first checked against SDPA
@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--d-head", default="64,128")
-    parser.add_argument("--levers", default="deterministic,tma,warp_specialize,persistent,wide,bwd-tiles",
+    parser.add_argument("--levers", default="deterministic,tma,tma_backward,warp_specialize,persistent,wide,bwd-tiles",
                         help="which lever rows to measure (the shipped and SDPA rows always run)")
     args = parser.parse_args()
     chosen = set(args.levers.split(","))
@@ -114,6 +114,7 @@ def main() -> None:
         tuned = {name: [tuner.best_config] for name, tuner in ft._tuners().items()}  # the tiles it chose
         fixed = ft.Policy(pick=0, configs=tuned)
         levers = {"deterministic=False": {"deterministic": False}, "tma": {"tma": True},
+                  "tma_backward": {"tma_backward": True},
                   "warp_specialize": {"warp_specialize": True}, "persistent": {"persistent": True}}
         levers = {label: change for label, change in levers.items() if label.split("=")[0] in chosen}
         helped = {}
