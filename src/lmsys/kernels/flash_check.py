@@ -148,7 +148,8 @@ def _saved_lse(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[dict]:
     """Yield one row per case: errors of O, L, dQ, dK, dV, the tolerance, and pass/FAIL. On a GPU,
     flash-triton runs case i with the i-th tile config that fits (untimed: a Policy pick), so a dozen cases
-    exercise every config with one compile each instead of autotuning every new shape."""
+    exercise every config with one compile each instead of autotuning every new shape. The other levers
+    are the default policy's: what users run is what is checked."""
     from lmsys.kernels.attention import attention
 
     tiles = impl == "flash-triton"
@@ -165,7 +166,8 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         q, k, v, do = draw(case.n_q), draw(case.n_k, kv=True), draw(case.n_k, kv=True), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         if tiles:
-            policy = flash_triton.Policy(pick=i)
+            policy = flash_triton.default_policy()  # the levers users run (tma_backward, ...), at tile pick i
+            policy.pick = i
             out = flash_triton.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
         else:
             out = attention(q_, k_, v_, case.causal, impl)
