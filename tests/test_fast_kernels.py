@@ -46,7 +46,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 @pytest.mark.parametrize("programs", [None, 1, 2])
 def test_adamw_update_matches_torch_adamw(n, device, programs):
     """Triton kernel (interpreter on a CPU) vs torch.optim.AdamW on the fp32 master, several steps; with
-    `programs`, a grid smaller than the tile count loops (n = 2 tiles + 3: the last program does two)."""
+    `programs`, a grid smaller than the tile count loops (n = 2 tiles + 3 = 3 tiles: with 2 programs,
+    program 0 does tiles 0 and 2)."""
     torch.manual_seed(n)
     master_ref = torch.randn(n, dtype=torch.float32, device=device, requires_grad=True)
     opt = torch.optim.AdamW([master_ref], lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)

@@ -145,10 +145,12 @@ def test_atomic_backward_matches_float64(case):
 
 
 @pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
-@pytest.mark.parametrize("case", [((1,), 4, 2, 37, 29, 80, True, torch.float32),
-                                  ((1,), 2, 2, 33, 50, 64, False, torch.bfloat16)])
-def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case):
-    """Tensor-descriptor loads in the forward and in both backward kernels (padded d, GQA, n_q != n_k)."""
+@pytest.mark.parametrize("case, deterministic", [(((1,), 4, 2, 37, 29, 80, True, torch.float32), True),
+                                                 (((1,), 2, 2, 33, 50, 64, False, torch.bfloat16), True),
+                                                 (((1,), 4, 2, 41, 35, 40, True, torch.float32), False)])
+def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case, deterministic):
+    """Tensor-descriptor loads in the forward and in the backward kernels (padded d, GQA, n_q != n_k);
+    deterministic=False: the one-launch backward, dQ by atomics, with descriptor loads."""
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
     policy = flash_triton.Policy(tma=True, tma_backward=True, warp_specialize=True)
@@ -156,7 +158,9 @@ def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case):
     assert flash_triton._tma_usable(policy, q, k, v) == hopper
     assert flash_triton._tma_usable(policy, q, k, v, backward=True) == hopper
     assert not flash_triton._tma_usable(flash_triton.Policy(tma=True), q, k, v, backward=True)
-    _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
+    _run_and_compare(q, k, v, causal, TOL[dtype], deterministic=deterministic, policy=policy)
+    # an expanded (stride-0) tensor is never handed to a descriptor
+    assert not flash_triton._tma_usable(policy, q, k, q[..., :1, :].expand_as(q), backward=True)
 
 
 # (leading dims, Hq, Hkv, n_q, n_k, d, causal, dtype) for the persistent forward: under the interpreter its
@@ -441,3 +445,8 @@ def test_default_policy_reads_the_environment_once_per_call(monkeypatch):
     monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
     assert flash_triton.default_policy().pick == 0
     assert flash_triton.default_policy() is not flash_triton.default_policy()  # a fresh `ran` per call
+    monkeypatch.delenv("LMSYS_FLASH_AUTOTUNE")
+    policy = flash_triton.default_policy()
+    assert policy == flash_triton.DEFAULT_POLICY and policy.ran == {}
+    policy.ran["fwd"] = "64×64"
+    assert flash_triton.DEFAULT_POLICY.ran == {}  # the copy's `ran` is its own

@@ -7,8 +7,9 @@
 #             off/on, per-block against whole-model compile)
 #   others    small fp32 (TF32) and xl bf16, each --fast against plain compiled (--compare)
 #   carve     2.7b bf16: AdamW beside matmuls on one GPU (scripts/gpu/overlap_probe.py), then the
-#             in-backward updates on a side stream with the matmuls leaving 0/16/32/48 SMs to them
-#             (--sm-carveout), against --fast (optimizer after the backward), one process per row
+#             in-backward updates on a side stream, without a carveout and with the matmuls leaving
+#             16/32/48/8 SMs to them (--sm-carveout), after --fast (optimizer after the backward), one
+#             process per row
 #   16k       large at context 16384: the fast path (SDPA; flash-triton) with and without checkpointing
 #   baseline  --mode all over small..2.7b, fp32 and bf16, and --warmup 0/1/2/5 on small
 # 16k and baseline are the issue 2/7 tables; run them with PARTS="16k baseline" when needed.

@@ -172,6 +172,8 @@ class MatmulCarveout:
             raise ValueError(f"sms must be >= 0, got {sms}")
         self.sms = sms
         self.enabled = torch.device(device).type == "cuda"
+        if self.enabled and sms >= (total := sm_count(device)):
+            raise ValueError(f"a carveout of {sms} SMs leaves no SM to the matmuls: this GPU has {total}")
         self._saved = None
 
     def on(self) -> None:
@@ -196,3 +198,12 @@ class MatmulCarveout:
         torch.backends.cuda.preferred_blas_library(library)
         torch._C._set_sm_carveout_experimental(carveout)
         self._saved = None
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device."""
+    import torch
+
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count

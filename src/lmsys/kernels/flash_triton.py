@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmsys.core.devices import sm_count
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import triton_interpreted
 from lmsys.kernels.shapes import check_qkv
@@ -757,7 +758,7 @@ def _device_guard(device):
 def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) -> bool:
     """Tensor descriptors asked for (policy.tma, or policy.tma_backward for the backward) and possible:
     Triton has them, the GPU is Hopper or newer (or the interpreter runs), and every base and leading
-    stride is 16-byte aligned."""
+    stride is 16-byte aligned and non-zero."""
     if not (policy.tma_backward if backward else policy.tma) or not hasattr(tl, "make_tensor_descriptor"):
         return False
     device = tensors[0].device
@@ -765,8 +766,8 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
         return False
     if device.type != "cuda" and not INTERPRET:
         return False
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
-               for t in tensors)
+    return all(t.data_ptr() % 16 == 0 and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+               for t in tensors)  # s > 0: an expanded dO (stride 0) is not a descriptor the driver documents
 
 
 @functools.lru_cache(maxsize=None)
@@ -787,12 +788,7 @@ def _persistent_programs(device) -> int:
     device = torch.device(device)
     if device.type != "cuda":
         return INTERPRETER_PROGRAMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return sm_count(device)
 
 
 def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -150,7 +150,12 @@ class TrainStep:
         paused = (self.optimizer.paused() if isinstance(self.optimizer, OptimizerInBackward) and not update
                   else nullcontext())
         with paused:
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            try:
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            except BaseException:  # an OOM mid-backward: the next rows must not run with SMs carved out
+                if isinstance(self.optimizer, OptimizerInBackward):
+                    self.optimizer.end_carveout()
+                raise
 
     def optimizer_step(self) -> None:
         if self.scaler:
@@ -373,12 +378,17 @@ class OptimizerInBackward:
         for index, arrived in enumerate(self._arrived):
             if arrived:
                 self._update(index)
-        if self.carveout is not None:
-            self.carveout.off()
+        self.end_carveout()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
+    def end_carveout(self) -> None:
+        """The matmuls get every SM back (after the updates, or when a backward failed half-way)."""
+        if self.carveout is not None:
+            self.carveout.off()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.end_carveout()
         self._arrived = [0] * len(self.groups)
         for group in self.groups:
             for p in group:
