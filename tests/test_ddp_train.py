@@ -278,3 +278,18 @@ def test_copy_engine_all_reduce_phases_sum_every_bucket(world):
     for ce in ranks:  # the padding stays zero
         assert all(ce.flat[ce.offsets[b] + sizes[b]:ce.offsets[b] + padded[b]].abs().sum() == 0
                    for b in range(len(sizes)))
+
+
+def test_carveout_larger_than_the_gpu_is_a_user_error(monkeypatch):
+    """ddp train and bench e2e share the check: a carveout of the whole GPU is one line (LmsysError)."""
+    import torch
+
+    from lmsys.core import devices
+    from lmsys.core.errors import LmsysError
+
+    monkeypatch.setattr(devices, "sm_count", lambda device: 132)
+    devices.check_carveout(None, torch.device("cuda"))
+    devices.check_carveout(131, torch.device("cuda"))
+    devices.check_carveout(500, torch.device("cpu"))  # no SMs to count off a GPU: the knob is a no-op there
+    with pytest.raises(LmsysError, match="--sm-carveout 132 leaves no SM to the matmuls: this GPU has 132"):
+        devices.check_carveout(132, torch.device("cuda"))

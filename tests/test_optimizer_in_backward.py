@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lmsys.bench import e2e
+from lmsys.core import devices
 from lmsys.train.step import OptimizerInBackward, Workload, build_train_step, random_batch, update_groups
 from lmsys.model import ModelConfig
 
@@ -187,7 +188,7 @@ def test_carveout_ends_when_the_backward_fails():
 
 def test_fast_path_switches(monkeypatch):
     cuda, cpu = torch.device("cuda"), CPU
-    monkeypatch.setattr(e2e, "sm_count", lambda device: 132)  # an H200, on any machine
+    monkeypatch.setattr(devices, "sm_count", lambda device: 132)  # an H200, on any machine
     fast = e2e.step_options(cuda, "bf16", fast=True, attn=None, compile_scope=None, optimizer="auto",
                             master_weights=False, fused_ce="auto", tf32=False)
     # --fast leaves the optimizer after the backward (measured no faster inside it on an H200)

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from lmsys.train import MODES
 from lmsys.train.step import Workload
-from lmsys.core.devices import sm_count
+from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu, model_flops
 from lmsys.core.parsing import MiB, choose
@@ -116,8 +116,7 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
         options["optimizer_stream"] = False  # the side stream only exists for the in-backward updates
     if options["optimizer_stream"] and options["optimizer_in_backward"] and device.type != "cuda":
         raise LmsysError("--optimizer-stream needs a CUDA GPU (it overlaps the updates with the backward)")
-    if sm_carveout is not None and device.type == "cuda" and sm_carveout >= (total := sm_count(device)):
-        raise LmsysError(f"--sm-carveout {sm_carveout} leaves no SM to the matmuls: this GPU has {total}")
+    check_carveout(sm_carveout, device)
     options["sm_carveout"] = sm_carveout
     return options
 

@@ -207,3 +207,9 @@ def sm_count(device) -> int:
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def check_carveout(sms: int | None, device, *, option: str = "--sm-carveout") -> None:
+    """A matmul SM carveout must leave the matmuls at least one SM of this GPU (one line, exit 2)."""
+    if sms is not None and device.type == "cuda" and sms >= (total := sm_count(device)):
+        raise LmsysError(f"{option} {sms} leaves no SM to the matmuls: this GPU has {total}")
