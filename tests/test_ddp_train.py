@@ -281,7 +281,7 @@ def test_copy_engine_all_reduce_phases_sum_every_bucket(world):
 
 
 def test_carveout_larger_than_the_gpu_is_a_user_error(monkeypatch):
-    """ddp train and bench e2e share the check: a carveout of the whole GPU is one line (LmsysError)."""
+    """One check for ddp train, bench e2e and MatmulCarveout: a carveout of the whole GPU is one line (LmsysError)."""
     import torch
 
     from lmsys.core import devices
@@ -293,3 +293,5 @@ def test_carveout_larger_than_the_gpu_is_a_user_error(monkeypatch):
     devices.check_carveout(500, torch.device("cpu"))  # no SMs to count off a GPU: the knob is a no-op there
     with pytest.raises(LmsysError, match="--sm-carveout 132 leaves no SM to the matmuls: this GPU has 132"):
         devices.check_carveout(132, torch.device("cuda"))
+    with pytest.raises(LmsysError, match="leaves no SM"):  # BucketedDDP's and the train step's carveout
+        devices.MatmulCarveout(132, "cuda")

@@ -170,10 +170,10 @@ class MatmulCarveout:
 
         if sms < 0:
             raise ValueError(f"sms must be >= 0, got {sms}")
+        device = torch.device(device)
+        check_carveout(sms, device)  # the one rule, a user error wherever the carveout comes from
         self.sms = sms
-        self.enabled = torch.device(device).type == "cuda"
-        if self.enabled and sms >= (total := sm_count(device)):
-            raise ValueError(f"a carveout of {sms} SMs leaves no SM to the matmuls: this GPU has {total}")
+        self.enabled = device.type == "cuda"
         self._saved = None
 
     def on(self) -> None:

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.core.devices import check_carveout, environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
+from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
@@ -279,7 +279,6 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
             # the same (foreach) AdamW as every other row: a fused one per bucket measured 163 ms against
             # 190 on 2xH200, most of it fused against foreach, not overlap
             factory = partial(make_optimizer, lr=LEARNING_RATE)
-        check_carveout(spec.sm_carveout, ctx.device)  # a user error on every rank, not a traceback
         return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
                                bucket_order="learned" if spec.lever == "learned-order" else "reverse",
                                grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout,
