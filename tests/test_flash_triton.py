@@ -155,12 +155,13 @@ def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case, det
     q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
     policy = flash_triton.Policy(tma=True, tma_backward=True, warp_specialize=True)
     hopper = DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9
-    assert flash_triton._tma_usable(policy, q, k, v) == hopper
-    assert flash_triton._tma_usable(policy, q, k, v, backward=True) == hopper
-    assert not flash_triton._tma_usable(flash_triton.Policy(tma=True), q, k, v, backward=True)
+    q_, k_, v_ = (x.to(DEVICE) for x in (q, k, v))  # where the kernels run
+    assert flash_triton._tma_usable(policy, q_, k_, v_) == hopper
+    assert flash_triton._tma_usable(policy, q_, k_, v_, backward=True) == hopper
+    assert not flash_triton._tma_usable(flash_triton.Policy(tma=True), q_, k_, v_, backward=True)
     _run_and_compare(q, k, v, causal, TOL[dtype], deterministic=deterministic, policy=policy)
     # an expanded (stride-0) tensor is never handed to a descriptor
-    assert not flash_triton._tma_usable(policy, q, k, q[..., :1, :].expand_as(q), backward=True)
+    assert not flash_triton._tma_usable(policy, q_, k_, q_[..., :1, :].expand_as(q_), backward=True)
 
 
 # (leading dims, Hq, Hkv, n_q, n_k, d, causal, dtype) for the persistent forward: under the interpreter its
@@ -385,6 +386,20 @@ def test_gpu_every_config_is_correct(kernel, case):
             _run_and_compare(q, k, v, causal, TOL[dtype], policy=flash_triton.Policy(pick=0, configs=configs))
         except AssertionError as exc:
             raise AssertionError(f"{kernel} {config}: {exc}") from None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma_reduce", [True, False])
+@pytest.mark.parametrize("case", [((2,), 8, 2, 1031, 1031, 80, True, torch.bfloat16),
+                                  ((1,), 4, 4, 777, 1201, 64, False, torch.float16)])
+def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
+    """deterministic=False with the default policy: the autotuner times the dK/dV kernel several times on
+    the same float32 dQ (reset_to_zero keeps those sums out of the result); dQ by TMA reduce-adds and by
+    element-wise atomics."""
+    monkeypatch.setattr(flash_triton, "TMA_REDUCE_DQ", tma_reduce)
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + tma_reduce), causal, TOL[dtype],
+                     deterministic=False)
 
 
 @pytest.mark.gpu

@@ -2,10 +2,12 @@
 seq 16384, d 64 and d 128; forward and forward+backward with triton.testing.do_bench (median ms) and
 TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys.core.flops.attention_flops).
 
-Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (autotuned), then each lever alone at the tiles the
-autotuner chose (one compile per kernel, no re-tuning): deterministic=False (one backward launch, atomic
-dQ), tma (tensor-descriptor loads in the forward), tma_backward (in both backward kernels), warp_specialize, persistent (forward grid of one program
-per SM, causal tiles heaviest first), then the wide-tile configs (d 64, each picked in turn), then the
+Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (default_policy(), autotuned), then each lever flipped
+from the default alone, at the tiles the autotuner chose (one compile per kernel, no re-tuning):
+deterministic (one backward launch, atomic dQ), tma (tensor-descriptor loads in the forward), tma_backward
+(in both backward kernels), warp_specialize, persistent (forward grid of one program per SM, causal tiles
+heaviest first); "atomic": the one-launch backward autotuned, dQ by TMA reduce-adds and by element-wise
+atomics (flash_triton.TMA_REDUCE_DQ); then the wide-tile configs (d 64, each picked in turn), then the
 backward tiles of BWD_TILES (dK/dV and dQ kernels, the forward at its tuned tile), then the best
 combination of what helped. --levers picks which of these rows run. Every variant is first checked against SDPA
 (max relative error of O, dQ, dK, dV) at b1 h4 s1031. Then d 80 and GQA (Hkv 4 of 16) against SDPA.
@@ -96,7 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--d-head", default="64,128")
-    parser.add_argument("--levers", default="deterministic,tma,tma_backward,warp_specialize,persistent,wide,bwd-tiles",
+    parser.add_argument("--levers",
+                        default="deterministic,atomic,tma,tma_backward,warp_specialize,persistent,wide,bwd-tiles",
                         help="which lever rows to measure (the shipped and SDPA rows always run)")
     args = parser.parse_args()
     chosen = set(args.levers.split(","))
@@ -109,25 +112,36 @@ def main() -> None:
     for d in map(int, args.d_head.split(",")):
         for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
             measure(f"sdpa-{'cudnn' if backend.startswith('CUDNN') else 'flash'}", sdpa(backend), d)
-        shipped = ft.Policy()
-        base = measure("flash-triton (autotuned)", triton_impl(shipped), d)
+        shipped = ft.default_policy()
+        base = measure("flash-triton (autotuned, default policy)", triton_impl(shipped), d)
         tuned = {name: [tuner.best_config] for name, tuner in ft._tuners().items()}  # the tiles it chose
-        fixed = ft.Policy(pick=0, configs=tuned)
-        levers = {"deterministic=False": {"deterministic": False}, "tma": {"tma": True},
-                  "tma_backward": {"tma_backward": True},
-                  "warp_specialize": {"warp_specialize": True}, "persistent": {"persistent": True}}
-        levers = {label: change for label, change in levers.items() if label.split("=")[0] in chosen}
+        fixed = replace(shipped, pick=0, configs=tuned, ran={})
+        # each lever flipped from the default policy, alone, at the tiles the autotuner chose
+        levers = {f"{name}={not getattr(shipped, name)}": {name: not getattr(shipped, name)}
+                  for name in ("deterministic", "tma", "tma_backward", "warp_specialize", "persistent")
+                  if name in chosen}
         helped = {}
+        at = f"@ {shipped.ran.get('fwd')}/{shipped.ran.get('dkdv')}/{shipped.ran.get('dq')}"
         for label, change in levers.items():
-            got = measure(f"+ {label} @ {shipped.ran.get('fwd')}/{shipped.ran.get('dkdv')}/{shipped.ran.get('dq')}",
-                          triton_impl(replace(fixed, ran={}, **change)), d)
+            got = measure(f"{label} {at}", triton_impl(replace(fixed, ran={}, **change)), d)
             if got and base and got[1] < 0.99 * base[1] or got and base and got[0] < 0.99 * base[0]:
                 helped.update(change)
+        if "atomic" in chosen:  # the one-launch backward autotuned, dQ by TMA reduce-adds, then by atomics
+            for reduce in (True, False):
+                ft.TMA_REDUCE_DQ = reduce
+                atomic = replace(shipped, deterministic=False, ran={})
+                got = measure(f"deterministic=False (autotuned), dQ by {'TMA reduce-add' if reduce else 'atomics'}"
+                              f"{'' if shipped.tma_backward else ' (tma_backward off: atomics)'}",
+                              triton_impl(atomic), d)
+                say(f"<!-- tiles {atomic.ran} -->")
+                if reduce and got and base and got[1] < 0.99 * base[1]:
+                    helped.update(deterministic=False)
+            ft.TMA_REDUCE_DQ = True
         best_wide = None
         if d == 64 and "wide" in chosen:
             wide = {name: ft.WIDE_CONFIGS[name] + tuned[name] for name in tuned}
             for i in range(len(ft.WIDE_CONFIGS["fwd"])):
-                policy = ft.Policy(pick=i, configs=wide)
+                policy = replace(shipped, pick=i, configs=wide, ran={})
                 got = measure(f"+ wide tiles #{i}", triton_impl(policy), d)
                 if got and base and got[1] < 0.99 * base[1] and (best_wide is None or got[1] < best_wide[0]):
                     best_wide = (got[1], i, dict(policy.ran))
@@ -135,19 +149,19 @@ def main() -> None:
                 say(f"<!-- best wide tiles d64: #{best_wide[1]} {best_wide[2]} -->")
         if "bwd-tiles" in chosen:  # backward tiles and deeper pipelines, the forward kept at its tuned tile
             for dkdv, dq in BWD_TILES:
-                policy = ft.Policy(pick=0, configs={"fwd": tuned["fwd"], "dkdv": [ft._config(*dkdv)],
-                                                    "dq": [ft._config(*dq)]})
+                policy = replace(shipped, pick=0, ran={}, configs={"fwd": tuned["fwd"], "dkdv": [ft._config(*dkdv)],
+                                                                   "dq": [ft._config(*dq)]})
                 measure(f"+ bwd tiles dkdv {dkdv} dq {dq}", triton_impl(policy), d)
-        combo = replace(ft.Policy(pick=best_wide[1], configs=wide) if best_wide else fixed, ran={}, **helped)
+        combo = replace(fixed, **({"pick": best_wide[1], "configs": wide} if best_wide else {}), ran={}, **helped)
         measure(f"best combination {helped or '(none helped)'}{' + wide #%d' % best_wide[1] if best_wide else ''}",
                 triton_impl(combo), d)
         say(f"<!-- d {d} done at {time.time() - t0:.0f} s -->")
     for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
         measure(f"sdpa-{'cudnn' if backend.startswith('CUDNN') else 'flash'}", sdpa(backend), 80)
-    measure("flash-triton (autotuned)", triton_impl(ft.Policy()), 80)
+    measure("flash-triton (autotuned)", triton_impl(ft.default_policy()), 80)
     for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
         measure(f"sdpa-{'cudnn' if backend.startswith('CUDNN') else 'flash'} enable_gqa", sdpa(backend), 128, hkv=4)
-    measure("flash-triton GQA (autotuned)", triton_impl(ft.Policy()), 128, hkv=4)
+    measure("flash-triton GQA (autotuned)", triton_impl(ft.default_policy()), 128, hkv=4)
     say(f"<!-- total {time.time() - t0:.0f} s -->")
     if args.out:
         with open(args.out, "w") as fh:

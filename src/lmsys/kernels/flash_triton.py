@@ -30,8 +30,10 @@ tensor-core products, near-fp32 accuracy) up to d 128, and only where the smalle
 shared memory (read from the device). Any n_queries and n_keys >= 1; CUDA tensors, or CPU tensors under
 TRITON_INTERPRET=1 (set before this module is imported). Plain pointer loads with masks (no block
 pointers, which newer Triton removed), so one source runs on triton 3.6 and the newest; tensor
-descriptors (TMA) for the forward's loads are an opt-in `Policy(tma=True)`, for the backward's
-streamed loads `Policy(tma_backward=True)` (measured 3-5 % faster on an H200, not yet the default).
+descriptors (TMA) load the backward's streamed tiles by default (`Policy(tma_backward=True)`, 3-5 %
+faster on an H200) and, with `deterministic=False`, accumulate dQ by TMA reduce-adds; for the forward's
+loads they are an opt-in `Policy(tma=True)` (slower there). Where descriptors cannot run (older GPUs,
+misaligned or expanded tensors) the same kernels take the pointer loads.
 How tiles are chosen is a `Policy` passed to the launchers: Triton's autotuner (timed once per shape and
 dtype) by default, or a fixed pick among the configs that fit (`flash check` rotates through them).
 LMSYS_FLASH_AUTOTUNE=0 makes the default policy take the first config that fits.
@@ -168,13 +170,15 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom, stride_dqm, offs_n,
+def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom, stride_dqm, offs_n,
                 offs_m, d_ok, lo, hi, N_Q, sm_scale, qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
                 BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                TMA_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK, dV of one key tile from the query tiles [lo, hi). Q_src, DO_src: tensor descriptors (USE_TMA) or
     pointer tiles, Qᵀ [HEAD_DIM_PAD, BLOCK_M] and dO [BLOCK_M, HEAD_DIM_PAD] at query 0. With ATOMIC_DQ,
-    also adds this key tile's share of dQ (dS K · scale, float32) into DQ with atomics."""
+    also adds this key tile's share of dQ (dS K · scale, float32) into DQ_dst: a tensor descriptor's
+    reduce-add (TMA_DQ: one bulk asynchronous add of the tile from shared memory, as FlashAttention-3 does)
+    or element-wise atomics on a pointer tile [BLOCK_M, HEAD_DIM_PAD] at query 0."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         row_ok = (start_m + offs_m) < N_Q
@@ -206,7 +210,10 @@ def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm,
         dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, DOT_PRECISION)
         if ATOMIC_DQ:
             dq = _dot(tl.trans(dsT.to(k.dtype)), k, None, DOT_PRECISION) * sm_scale  # [BLOCK_M, HEAD_DIM_PAD]
-            tl.atomic_add(DQ_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
+            if TMA_DQ:  # rows past N_Q and columns past HEAD_DIM are dropped
+                DQ_dst.atomic_add([start_m, 0], dq)
+            else:
+                tl.atomic_add(DQ_dst + start_m * stride_dqm, dq, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
     return dk, dv
 
 
@@ -248,7 +255,7 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
 # (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken. Chosen from
 # a wider sweep on an H200 (docs/benchmarks/attention.md): the best of each kernel at d 64 and d 128, bf16,
 # causal, seq 16384, then smaller tiles for fp32 and d 256. The "bwd" kernel is the dK/dV kernel that also
-# accumulates dQ with atomics (deterministic=False).
+# accumulates dQ with atomics (deterministic=False) uses the "dkdv" list.
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
             _config(64, 32, 4, 2)],
@@ -353,8 +360,10 @@ class Policy:
       tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
       the pointer path otherwise.
     tma_backward: the backward's streamed loads (Qᵀ and dO in the dK/dV kernel, Kᵀ and Vᵀ in the dQ
-      kernel) through tensor descriptors, where `tma` could run them.
-    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True).
+      kernel) through tensor descriptors, where `tma` could run them; with deterministic=False, dQ is
+      then added by TMA reduce-adds on a GPU (TMA_REDUCE_DQ). On by default.
+    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True); not together with
+      the forward's tensor descriptors (triton 3.6 fails to compile the two on Hopper: `tma` wins).
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -370,7 +379,8 @@ class Policy:
     ran: dict = field(default_factory=dict)
 
 
-DEFAULT_POLICY = Policy()  # what the levers default to; the lead flips them from measurements
+# What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
+DEFAULT_POLICY = Policy(tma_backward=True)
 
 
 def default_policy() -> Policy:
@@ -543,8 +553,9 @@ def _attn_bwd_preprocess(O, DO, Delta,
     tl.store(Delta + (off_z * H + off_h).to(tl.int64) * N_Q + offs_m, delta, mask=row_ok)
 
 
-@triton.autotune(configs=CONFIGS["dkdv"], key=_KEY + ["ATOMIC_DQ", "USE_TMA"],
-                 prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")})
+@triton.autotune(configs=CONFIGS["dkdv"], key=_KEY + ["ATOMIC_DQ", "USE_TMA", "TMA_DQ"],
+                 prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")},
+                 reset_to_zero=["DQ"])  # the atomic dQ would otherwise sum every timed run into the result
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                    stride_qz, stride_qh, stride_qm,
@@ -557,7 +568,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                    H, GROUP, N_Q, N_K,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   TMA_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, key/value head): walks the query tiles of every query head of its group
     that see it. No atomics for dK, dV (it owns those rows); with ATOMIC_DQ it also adds into DQ (float32)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
@@ -591,27 +602,35 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
         else:
             Q_src = Q + z64 * stride_qz + h64 * stride_qh + offs_m[None, :] * stride_qm + offs_d[:, None]
             DO_src = DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :]
-        DQ_ptrs = DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
+        if TMA_DQ:
+            DQ_dst = tl.make_tensor_descriptor(DQ + z64 * stride_dqz + h64 * stride_dqh, shape=[N_Q, HEAD_DIM],
+                                               strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
+        else:
+            DQ_dst = DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
         L_ptrs = L + off_zh * N_Q + offs_m
         D_ptrs = Delta + off_zh * N_Q + offs_m
         if IS_CAUSAL:
             first = (start_n // BLOCK_M) * BLOCK_M  # earlier query tiles see none of these keys
             diag_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M  # from here every query sees every key
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
                                  stride_dqm, offs_n, offs_m, d_ok, first, tl.minimum(diag_end, N_Q), N_Q, sm_scale,
-                                 qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, DOT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+                                 qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+                                 DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
                                  stride_dqm, offs_n, offs_m, d_ok, diag_end, n_q_full, N_Q, sm_scale,
-                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, DOT_PRECISION)
+                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+                                 DOT_PRECISION)
             edge = tl.maximum(diag_end, n_q_full)
         else:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
                                  stride_dqm, offs_n, offs_m, d_ok, 0, n_q_full, N_Q, sm_scale,
-                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, DOT_PRECISION)
+                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+                                 DOT_PRECISION)
             edge = n_q_full
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_ptrs, stride_qm, stride_dom,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
                              stride_dqm, offs_n, offs_m, d_ok, edge, N_Q, N_Q, sm_scale,
-                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, DOT_PRECISION)
+                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+                             DOT_PRECISION)
 
     dk = dk * sm_scale
     _store(DK + z64 * stride_dkz + hk64 * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
@@ -770,15 +789,22 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
                for t in tensors)  # s > 0: an expanded dO (stride 0) is not a descriptor the driver documents
 
 
-@functools.lru_cache(maxsize=None)
+def _tma_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
 def _set_tma_allocator() -> None:
-    """Tensor descriptors built inside a kernel need global scratch memory from Triton's allocator."""
+    """Tensor descriptors built inside a kernel need global scratch memory from Triton's allocator. Set on
+    every launch that uses them: Triton keeps it in a ContextVar, one per thread, and autograd runs the
+    backward on a thread of its own (set once and cached, the allocator of the first thread was missing in
+    the other: seen on an H200 with triton 3.6)."""
+    triton.set_allocator(_tma_scratch)
 
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, device="cuda", dtype=torch.int8)
 
-    triton.set_allocator(alloc)
-
+# With deterministic=False and tensor descriptors in the backward, dQ is accumulated by TMA reduce-adds
+# (descriptor atomic_add) on a GPU; Triton's interpreter has no reduce-add for descriptors, so under it the
+# element-wise atomics run. scripts/gpu/flash_levers.py turns this off to measure the two against each other.
+TMA_REDUCE_DQ = True
 
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
@@ -815,7 +841,9 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=bool(policy.warp_specialize),
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma,
+                  # triton 3.6's warp-specialisation pass fails on descriptor loads (H200): one or the other
+                  WARP_SPEC=bool(policy.warp_specialize) and not use_tma,
                   PERSISTENT=persistent)
     with _device_guard(q.device):
         _launch("fwd", grid, args, consts, policy, q)
@@ -860,7 +888,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
         _launch("dkdv", grid_keys,
                 (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                  *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
-                 *shapes), {**consts, "ATOMIC_DQ": atomic}, policy, q)
+                 *shapes), {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": atomic and use_tma and TMA_REDUCE_DQ
+                            and q.device.type == "cuda"}, policy, q)
         if not atomic:
             _launch("dq", grid_queries,
                     (q4, k4, v4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
