@@ -805,6 +805,11 @@ def _set_tma_allocator() -> None:
 # (descriptor atomic_add) on a GPU; Triton's interpreter has no reduce-add for descriptors, so under it the
 # element-wise atomics run. scripts/gpu/flash_levers.py turns this off to measure the two against each other.
 TMA_REDUCE_DQ = True
+# triton 3.6's warp-specialisation pass fails to compile the forward with descriptor loads at 4 warps on an
+# H200 (`PassManager::run failed` in NVGPUWarpSpecialization) and, at 8 warps, compiles and runs no faster
+# than the descriptors alone (scripts/gpu/ws_tma_probe.py, which sets this, config by config): so `tma`
+# turns `warp_specialize` off.
+WARP_SPEC_WITH_TMA = False
 
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
@@ -842,8 +847,7 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
                   DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma,
-                  # triton 3.6's warp-specialisation pass fails on descriptor loads (H200): one or the other
-                  WARP_SPEC=bool(policy.warp_specialize) and not use_tma,
+                  WARP_SPEC=bool(policy.warp_specialize) and (not use_tma or WARP_SPEC_WITH_TMA),
                   PERSISTENT=persistent)
     with _device_guard(q.device):
         _launch("fwd", grid, args, consts, policy, q)
