@@ -144,6 +144,16 @@ def test_atomic_backward_matches_float64(case):
     assert set(policy.ran) == {"fwd", "dkdv"}  # no dQ kernel ran
 
 
+def test_autotuner_hook_zeroes_dq_only_for_the_atomic_backward():
+    """The dK/dV autotuner's hook: the atomic backward's float32 dQ is zeroed before each timed run and
+    after the timing; without atomics DQ holds the dQ kernel's finished result (it ran first) and stays."""
+    dq = torch.ones(4)
+    flash_triton._zero_atomic_dq({"DQ": dq, "ATOMIC_DQ": False}, reset_only=True)
+    assert torch.equal(dq, torch.ones(4))
+    flash_triton._zero_atomic_dq({"DQ": dq, "ATOMIC_DQ": True})
+    assert torch.equal(dq, torch.zeros(4))
+
+
 @pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
 @pytest.mark.parametrize("case, deterministic", [(((1,), 4, 2, 37, 29, 80, True, torch.float32), True),
                                                  (((1,), 2, 2, 33, 50, 64, False, torch.bfloat16), True),
@@ -394,7 +404,7 @@ def test_gpu_every_config_is_correct(kernel, case):
                                   ((1,), 4, 4, 777, 1201, 64, False, torch.float16)])
 def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
     """deterministic=False with the default policy: the autotuner times the dK/dV kernel several times on
-    the same float32 dQ (reset_to_zero keeps those sums out of the result); dQ by TMA reduce-adds and by
+    the same float32 dQ (its hook zeroes them out of the result); dQ by TMA reduce-adds and by
     element-wise atomics."""
     monkeypatch.setattr(flash_triton, "TMA_REDUCE_DQ", tma_reduce)
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case

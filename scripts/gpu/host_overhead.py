@@ -65,13 +65,22 @@ def main() -> None:
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             F.scaled_dot_product_attention(q, k, v).backward(do)
 
+    delta = torch.empty(8, 1, 256, device="cuda")
+
+    def preprocess_then_backward():  # the launch that the dQ kernel now does on the way
+        ft._attn_bwd_preprocess[(4, 1, 8)](o, do, delta, *o.stride()[:3], *do.stride()[:3], 1, 256, HEAD_DIM=64,
+                                           HEAD_DIM_PAD=64, BLOCK_M=64)
+        ft.flash_backward(q.detach(), k.detach(), v.detach(), o, lse, do)
+
     pieces = {
         "flash-triton forward + backward (autograd)": flash,
         "sdpa-cudnn forward + backward (autograd)": cudnn,
         "the launchers under a minimal autograd.Function": lambda: _Plain.apply(q, k, v, False).backward(do),
         "flash-triton forward + backward (autograd), again": flash,
         "flash_forward (one launch)": lambda: ft.flash_forward(q.detach(), k.detach(), v.detach()),
-        "flash_backward (three launches)": lambda: ft.flash_backward(q.detach(), k.detach(), v.detach(), o, lse, do),
+        "flash_backward (two launches: dQ with D folded in, then dK/dV)":
+            lambda: ft.flash_backward(q.detach(), k.detach(), v.detach(), o, lse, do),
+        "flash_backward after a preprocess launch (the earlier three-launch backward)": preprocess_then_backward,
         "bare Triton launch (one-line kernel)": lambda: _touch[(1,)](x),
         "torch add_ (one ATen launch)": lambda: x.add_(1.0),
     }

@@ -4,11 +4,12 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
 - Forward, one program per (query tile, query head): walk the key/value tiles with the online softmax in
   base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
   write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
-- Backward, deterministic (the default): D = rowsum(dO ∘ O); a dK/dV kernel, one program per (key tile,
-  key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q); a dQ kernel, one program per
-  query tile, that walks the key tiles (dQ += dS K). No atomics. With `deterministic=False` one launch
-  does both: the dK/dV programs also add dS K into a float32 dQ with atomics (the order of the additions,
-  hence the last bits, varies from run to run). Both recompute P = exp(S - L); dS = P ∘ (dP - D).
+- Backward, deterministic (the default): a dQ kernel, one program per query tile, that computes its rows
+  of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV kernel, one program per (key
+  tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q). No atomics. With
+  `deterministic=False` a preprocess kernel computes D, then one launch does the rest: the dK/dV programs
+  also add dS K into a float32 dQ (TMA reduce-adds where descriptors run, else atomics; the order of the
+  additions, hence the last bits, varies from run to run). Both recompute P = exp(S - L); dS = P ∘ (dP - D).
 - Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
   visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
   are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
@@ -416,6 +417,14 @@ def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: tor
     policy.ran[kernel] = f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
+def _zero_atomic_dq(args: dict, reset_only: bool = False) -> None:
+    """The dK/dV autotuner's hook before each timed run and after the timing: with ATOMIC_DQ it zeroes the
+    float32 dQ, which every timed run adds into. Not reset_to_zero=["DQ"]: without atomics, DQ is the dQ
+    kernel's finished result (that kernel runs first) and must be left alone."""
+    if args["ATOMIC_DQ"]:
+        args["DQ"].zero_()
+
+
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "GROUP"]  # the dtype of the tensors is keyed by Triton itself
 
 # --------------------------------------------------------------------------------------- forward
@@ -555,7 +564,7 @@ def _attn_bwd_preprocess(O, DO, Delta,
 
 @triton.autotune(configs=CONFIGS["dkdv"], key=_KEY + ["ATOMIC_DQ", "USE_TMA", "TMA_DQ"],
                  prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")},
-                 reset_to_zero=["DQ"])  # the atomic dQ would otherwise sum every timed run into the result
+                 pre_hook=_zero_atomic_dq)
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                    stride_qz, stride_qh, stride_qm,
@@ -641,16 +650,19 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
 
 @triton.autotune(configs=CONFIGS["dq"], key=_KEY + ["USE_TMA"], prune_configs_by={"early_config_prune": _prune_by_head_dim("dq")})
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
-def _attn_bwd_dq(Q, K, V, DO, L, Delta, DQ, sm_scale,
+def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
                  stride_qz, stride_qh, stride_qm,
                  stride_kz, stride_kh, stride_kn,
                  stride_vz, stride_vh, stride_vn,
+                 stride_oz, stride_oh, stride_om,
                  stride_doz, stride_doh, stride_dom,
                  stride_dqz, stride_dqh, stride_dqm,
                  H, GROUP, N_Q, N_K,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows)."""
+    """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows). It
+    also computes its rows of D = rowsum(dO ∘ O) and stores them for the dK/dV kernel, which runs after
+    it: the preprocess launch is needed only by the one-launch (atomic) backward."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
@@ -671,8 +683,11 @@ def _attn_bwd_dq(Q, K, V, DO, L, Delta, DQ, sm_scale,
               row_ok, d_ok, True, PAD_D)
     do = _load(DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
                row_ok, d_ok, True, PAD_D)
+    o = _load(O + z64 * stride_oz + h64 * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+              row_ok, d_ok, True, PAD_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # as _attn_bwd_preprocess computes it
+    tl.store(Delta + off_zh * N_Q + offs_m, delta, mask=row_ok)
     lse2 = tl.load(L + off_zh * N_Q + offs_m, mask=row_ok, other=0.0) * _LOG2E
-    delta = tl.load(Delta + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
     if USE_TMA:
         K_src = tl.make_tensor_descriptor(K + z64 * stride_kz + hk64 * stride_kh, shape=[N_K, HEAD_DIM],
                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
@@ -886,18 +901,20 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
         return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
     with _device_guard(q.device):
-        _attn_bwd_preprocess[(_cdiv(n_q, pre_block), H, Z)](
-            o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d),
-            BLOCK_M=pre_block)
+        if atomic:  # D first, by itself: the one launch below needs all of it
+            _attn_bwd_preprocess[(_cdiv(n_q, pre_block), H, Z)](
+                o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d,
+                HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=pre_block)
+        else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
+            _launch("dq", grid_queries,
+                    (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
+                     *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts,
+                    policy, q)
         _launch("dkdv", grid_keys,
                 (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                  *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
                  *shapes), {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": atomic and use_tma and TMA_REDUCE_DQ
                             and q.device.type == "cuda"}, policy, q)
-        if not atomic:
-            _launch("dq", grid_queries,
-                    (q4, k4, v4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
-                     *v4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts, policy, q)
     dq4 = dq4 if dq4.dtype == q.dtype else dq4.to(q.dtype)  # the atomic path accumulates dQ in fp32
     return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
 
