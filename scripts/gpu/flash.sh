@@ -4,6 +4,8 @@
 #      and GQA (Hkv 4) against SDPA  -> $OUT/levers.md
 #   2. lmsys bench attention --preset leaderboard (d 64, then --d-head 128) -> $OUT/leaderboard*.md
 #   3. lmsys flash check on cuda (padded head dims and GQA cases included) -> $OUT/check.md
+#   0. with TESTS=1, first: the flash-triton tests on the GPU (gpu-marked, descriptors, atomic backward;
+#      ~450 s with a cold Triton cache) -> $OUT/pytest.txt, and nothing else in that call
 # LEVERS=persistent,wide picks the lever rows of step 1 (default: all); CASES the flash check's cases
 # (default 24, ~230 s: all of it takes more than one 600 s device call, so split it with these two).
 # Run from the repository root; the package is taken from src/.
@@ -15,6 +17,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 LMSYS="python3 -m lmsys"
 t0=$SECONDS
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)" | tee "$OUT/summary.txt"
+if [ "${TESTS:-0}" = 1 ]; then
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -k "gpu or descriptors or atomic" tests/test_flash_triton.py \
+        >"$OUT/pytest.txt" 2>&1
+    echo "tests: rc=$? at $((SECONDS - t0)) s: $(tail -n 1 "$OUT/pytest.txt")" | tee -a "$OUT/summary.txt"
+    exit 0
+fi
 timeout 330 python3 scripts/gpu/flash_levers.py --out "$OUT/levers.md" ${LEVERS:+--levers "$LEVERS"} 2>&1 | tee "$OUT/levers.log"
 echo "levers: rc=${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 timeout 90 $LMSYS bench attention --device cuda --preset leaderboard --impl sdpa-flash,sdpa-cudnn,flash-triton \

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation  # which allocator this thread has (see _set_tma_allocator)
 
 from lmsys.core.devices import sm_count
 from lmsys.core.errors import LmsysError
@@ -255,8 +256,8 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
 
 # (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken. Chosen from
 # a wider sweep on an H200 (docs/benchmarks/attention.md): the best of each kernel at d 64 and d 128, bf16,
-# causal, seq 16384, then smaller tiles for fp32 and d 256. The "bwd" kernel is the dK/dV kernel that also
-# accumulates dQ with atomics (deterministic=False) uses the "dkdv" list.
+# causal, seq 16384, then smaller tiles for fp32 and d 256. The dK/dV kernel takes the "dkdv" list also
+# when it accumulates dQ (deterministic=False).
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
             _config(64, 32, 4, 2)],
@@ -789,6 +790,11 @@ def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # asked on every backward: a few µs each, uncached
+
+
 def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) -> bool:
     """Tensor descriptors asked for (policy.tma, or policy.tma_backward for the backward) and possible:
     Triton has them, the GPU is Hopper or newer (or the interpreter runs), and every base and leading
@@ -796,7 +802,8 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
     if not (policy.tma_backward if backward else policy.tma) or not hasattr(tl, "make_tensor_descriptor"):
         return False
     device = tensors[0].device
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type == "cuda" and _capability(device.index if device.index is not None else
+                                             torch.cuda.current_device())[0] < 9:
         return False
     if device.type != "cuda" and not INTERPRET:
         return False
@@ -805,15 +812,17 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
 
 
 def _tma_scratch(size: int, alignment: int, stream):
-    return torch.empty(size, device="cuda", dtype=torch.int8)
+    return torch.empty(size, device="cuda", dtype=torch.int8)  # torch's blocks are 512-byte aligned
 
 
 def _set_tma_allocator() -> None:
-    """Tensor descriptors built inside a kernel need global scratch memory from Triton's allocator. Set on
-    every launch that uses them: Triton keeps it in a ContextVar, one per thread, and autograd runs the
-    backward on a thread of its own (set once and cached, the allocator of the first thread was missing in
-    the other: seen on an H200 with triton 3.6)."""
-    triton.set_allocator(_tma_scratch)
+    """Tensor descriptors built inside a kernel need global scratch memory from Triton's allocator. Looked
+    at on every launch that uses them: Triton keeps it in a ContextVar, one per thread, and autograd runs
+    the backward on a thread of its own (set once and cached, the allocator of the first thread was missing
+    in the other: seen on an H200 with triton 3.6). One that the user or another library set is kept."""
+    current = getattr(_allocation, "_allocator", None)
+    if current is None or isinstance(current.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
 
 
 # With deterministic=False and tensor descriptors in the backward, dQ is accumulated by TMA reduce-adds
@@ -914,7 +923,7 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
                 (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                  *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
                  *shapes), {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": atomic and use_tma and TMA_REDUCE_DQ
-                            and q.device.type == "cuda"}, policy, q)
+                            and q.device.type == "cuda" and not INTERPRET}, policy, q)
     dq4 = dq4 if dq4.dtype == q.dtype else dq4.to(q.dtype)  # the atomic path accumulates dQ in fp32
     return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
 
