@@ -17,7 +17,9 @@ bucket is complete, a side stream runs
 5. barrier (no rank still reads my buffer when the next step writes it).
 The gradients are pre-scaled by 1/world before (exact for power-of-two worlds), so the sum is the mean.
 Each barrier waits at most the process group's timeout (LMSYS_DIST_TIMEOUT_S), then fails the kernel:
-a dead rank ends the job instead of hanging it.
+a dead rank ends the job instead of hanging it. What the failed kernel then shows is a CUDA error
+("unspecified launch failure", maybe on autograd's thread), not a message about the barrier: a
+copy-engine run that dies that way after about LMSYS_DIST_TIMEOUT_S seconds is a barrier timeout.
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ class CopyEngineAllReduce:
             warnings.simplefilter("ignore")
             if hasattr(symm_mem, "enable_symm_mem_for_group"):
                 symm_mem.enable_symm_mem_for_group(group.group_name)
+        before = torch.cuda.memory_allocated(device)
         self.flat = symm_mem.empty(sum(self.padded), dtype=torch.float32, device=device)
+        # torch 2.11 maps it outside its caching allocator; newer torch may route it through a pool there
+        seen = torch.cuda.memory_allocated(device) - before
+        self._unaccounted = max(0, self.flat.numel() * self.flat.element_size() - seen)
         self.flat.zero_()  # the padding stays zero: it is summed and gathered with the rest
         self.handle = symm_mem.rendezvous(self.flat, group.group_name)
         ptrs = getattr(self.handle, "buffer_ptrs", None)  # get_buffer offsets count from the allocation
@@ -77,8 +83,9 @@ class CopyEngineAllReduce:
 
     @property
     def nbytes(self) -> int:
-        """Device memory outside torch's allocator statistics (symmetric memory is mapped by cuMemCreate)."""
-        return self.flat.numel() * self.flat.element_size()
+        """Bytes of the symmetric buffer that torch's allocator statistics do not count (all of it on torch
+        2.11, where cuMemCreate maps it; measured at allocation, so a torch that counts it adds none)."""
+        return self._unaccounted
 
     def bucket(self, b: int) -> torch.Tensor:
         return self.flat[self.offsets[b]:self.offsets[b] + self.sizes[b]]
