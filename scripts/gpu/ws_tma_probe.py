@@ -9,8 +9,8 @@ is forced (Policy(pick=i)); a compile failure is a row, not the end.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
+from flash_levers import sdpa  # this folder's levers script: SDPA with one backend, causal
 
 from lmsys.core.flops import attention_flops
 from lmsys.kernels import flash_triton as ft
@@ -32,12 +32,7 @@ def main() -> None:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         flops = attention_flops(batch=B, heads=H, n_queries=S, n_keys=S, d_head=d, causal=True, direction="fwd")
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def cudnn(q, k, v):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
+        cudnn = sdpa("CUDNN_ATTENTION")
         ref = cudnn(q, k, v)
         ms = forward_ms(cudnn, q, k, v)
         print(f"| {d} | sdpa-cudnn | | {ms:.3f} | {flops / ms / 1e9:.0f} | |", flush=True)

@@ -924,8 +924,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
                  *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
                  *shapes), {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": atomic and use_tma and TMA_REDUCE_DQ
                             and q.device.type == "cuda" and not INTERPRET}, policy, q)
-    dq4 = dq4 if dq4.dtype == q.dtype else dq4.to(q.dtype)  # the atomic path accumulates dQ in fp32
-    return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+    # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match
+    return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
 
 
 # ------------------------------------------------------------------------------ autograd.Function
