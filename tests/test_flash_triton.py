@@ -360,6 +360,23 @@ def test_fitting_configs_keep_within_budget(kernel, d, dtype):
     assert len(flash_triton.fitting_configs(kernel, configs, d_pad=pad, elem=elem, smem=None)) >= len(kept)
 
 
+@pytest.mark.parametrize("d, dtype, expected", [(64, torch.bfloat16, ["128×64"]), (128, torch.bfloat16, ["128×64"]),
+                                                 (80, torch.float32, []), (256, torch.bfloat16, [])])
+def test_warp_specialised_forward_runs_only_8_warp_configs_that_fit(d, dtype, expected, monkeypatch):
+    """On a GPU triton 3.6's warp-specialisation pass compiles the forward at 8 warps only (every 4-warp
+    config failed to compile: scripts/compile_sm90.py); where no 8-warp config fits, the forward runs
+    without it. The interpreter compiles nothing: every config stays."""
+    monkeypatch.setattr(flash_triton, "INTERPRET", False)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    kept = flash_triton.warp_spec_configs(flash_triton.GPU_CONFIGS["fwd"], d_pad=flash_triton.head_dim_pad(d),
+                                          elem=elem, smem=232448)
+    assert [f"{c.kwargs['BLOCK_M']}×{c.kwargs['BLOCK_N']}" for c in kept] == expected
+    assert all(c.num_warps >= flash_triton.WARP_SPEC_MIN_WARPS for c in kept)
+    monkeypatch.setattr(flash_triton, "INTERPRET", True)
+    assert flash_triton.warp_spec_configs(flash_triton.INTERPRETER_CONFIGS["fwd"], d_pad=64, elem=2,
+                                          smem=None) == flash_triton.INTERPRETER_CONFIGS["fwd"]
+
+
 def test_head_dim_pad_is_the_next_power_of_two():
     assert [flash_triton.head_dim_pad(d) for d in (16, 24, 40, 64, 80, 96, 112, 128, 136, 192, 256)] == [
         16, 32, 64, 64, 128, 128, 128, 128, 256, 256, 256]

@@ -327,23 +327,47 @@ def _cost(kernel: str, config: triton.Config, d_pad: int, elem: int) -> tuple[fl
     return acc / (32 * config.num_warps), smem
 
 
+def _fits(kernel: str, config: triton.Config, d_pad: int, elem: int, smem: int | None) -> bool:
+    acc, tiles = _cost(kernel, config, d_pad, elem)
+    return acc <= ACC_PER_THREAD and (smem is None or tiles <= smem)
+
+
 def fitting_configs(kernel: str, configs: list, *, d_pad: int, elem: int, smem: int | None) -> list:
     """The configs whose accumulators would not spill and whose tiles fit in `smem` bytes of shared memory
     (no limit when None), in their order; at least one: the cheapest, when none fits."""
-    cost = {c: _cost(kernel, c, d_pad, elem) for c in configs}
-    kept = [c for c in configs if cost[c][0] <= ACC_PER_THREAD and (smem is None or cost[c][1] <= smem)]
-    return kept or [min(configs, key=lambda c: (cost[c][1], cost[c][0]))]
+    kept = [c for c in configs if _fits(kernel, c, d_pad, elem, smem)]
+    return kept or [min(configs, key=lambda c: tuple(reversed(_cost(kernel, c, d_pad, elem))))]
+
+
+# triton 3.6's warp-specialisation pass on Hopper compiles the forward only at 8 warps: at 4 it fails
+# (`PassManager::run failed` in NVGPUWarpSpecialization) for every config, head dim 16-256 and dtype tried
+# (scripts/compile_sm90.py compiles them on a CPU).
+WARP_SPEC_MIN_WARPS = 8
+
+
+def warp_spec_configs(configs: list, *, d_pad: int, elem: int, smem: int | None) -> list:
+    """The forward configs a warp-specialised forward can run: enough warps for the pass, and fitting
+    (none: the forward runs without warp specialisation). All of them under the interpreter."""
+    if INTERPRET:
+        return list(configs)
+    return [c for c in configs if c.num_warps >= WARP_SPEC_MIN_WARPS and _fits("fwd", c, d_pad, elem, smem)]
+
+
+def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> list:
+    """The configs `kernel` may run at these constants and inputs, in their order (at least one)."""
+    budget = dict(d_pad=consts["HEAD_DIM_PAD"], elem=q.element_size(), smem=shared_memory(q.device))
+    if consts.get("WARP_SPEC"):
+        return warp_spec_configs(configs, **budget)  # flash_forward asks for it only where this is not empty
+    return fitting_configs(kernel, configs, **budget)
 
 
 def _prune_by_head_dim(kernel: str):
-    """The named filter for triton.autotune: fitting_configs at this padded head dim, element size and
-    the shared memory of the inputs' GPU."""
+    """The named filter for triton.autotune: _candidates at this padded head dim, element size, shared
+    memory of the inputs' GPU and, for the forward, warp specialisation."""
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        q = args["Q"]
-        return fitting_configs(kernel, configs, d_pad=args["HEAD_DIM_PAD"], elem=q.element_size(),
-                               smem=shared_memory(q.device))
+        return _candidates(kernel, configs, args, args["Q"])
 
     return prune
 
@@ -364,8 +388,9 @@ class Policy:
     tma_backward: the backward's streamed loads (Qᵀ and dO in the dK/dV kernel, Kᵀ and Vᵀ in the dQ
       kernel) through tensor descriptors, where `tma` could run them; with deterministic=False, dQ is
       then added by TMA reduce-adds on a GPU (TMA_REDUCE_DQ). On by default.
-    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True); not together with
-      the forward's tensor descriptors (triton 3.6 fails to compile the two on Hopper: `tma` wins).
+    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True), with the 8-warp
+      configs only (WARP_SPEC_MIN_WARPS; off where none fits); not together with the forward's tensor
+      descriptors (no faster on Hopper: `tma` wins).
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -410,9 +435,7 @@ def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: tor
         tuner[grid](*args, **consts)
         config = tuner.best_config
     else:
-        configs = (policy.configs or CONFIGS)[kernel]
-        fitting = fitting_configs(kernel, configs, d_pad=consts["HEAD_DIM_PAD"], elem=q.element_size(),
-                                  smem=shared_memory(q.device))
+        fitting = _candidates(kernel, (policy.configs or CONFIGS)[kernel], consts, q)
         config = fitting[policy.pick % len(fitting)]
         tuner.fn[grid](*args, **consts, **config.all_kwargs())
     policy.ran[kernel] = f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
@@ -829,10 +852,9 @@ def _set_tma_allocator() -> None:
 # (descriptor atomic_add) on a GPU; Triton's interpreter has no reduce-add for descriptors, so under it the
 # element-wise atomics run. scripts/gpu/flash_levers.py turns this off to measure the two against each other.
 TMA_REDUCE_DQ = True
-# triton 3.6's warp-specialisation pass fails to compile the forward with descriptor loads at 4 warps on an
-# H200 (`PassManager::run failed` in NVGPUWarpSpecialization) and, at 8 warps, compiles and runs no faster
-# than the descriptors alone (scripts/gpu/ws_tma_probe.py, which sets this, config by config): so `tma`
-# turns `warp_specialize` off.
+# With descriptor loads, triton 3.6's warp-specialised forward (8 warps: WARP_SPEC_MIN_WARPS) runs no faster
+# than the descriptors alone on an H200 (scripts/gpu/ws_tma_probe.py, which sets this, config by config):
+# so `tma` turns `warp_specialize` off.
 WARP_SPEC_WITH_TMA = False
 
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
@@ -869,9 +891,11 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
+    warp_spec = (bool(policy.warp_specialize) and (not use_tma or WARP_SPEC_WITH_TMA)
+                 and bool(warp_spec_configs((policy.configs or CONFIGS)["fwd"], d_pad=head_dim_pad(d),
+                                            elem=q.element_size(), smem=shared_memory(q.device))))
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma,
-                  WARP_SPEC=bool(policy.warp_specialize) and (not use_tma or WARP_SPEC_WITH_TMA),
+                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
                   PERSISTENT=persistent)
     with _device_guard(q.device):
         _launch("fwd", grid, args, consts, policy, q)

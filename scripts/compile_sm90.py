@@ -1,0 +1,111 @@
+"""Compile the flash-triton kernels for an H100/H200 (sm_90) on a machine without a GPU.
+
+Triton's compiler needs no GPU: this builds each kernel with the constants its launcher would pass, for
+each config, through Triton's whole pipeline to a cubin (ptxas included), and prints whether it compiled
+and the shared memory it asks for. It answers "does this compile on Hopper" (the warp-specialisation pass,
+tensor descriptors, a refactor of a @triton.jit helper) before any device time is spent. Run it with the
+triton the GPU machines have (3.6: ../shared/DEVICE.md), e.g. in a venv with that wheel:
+
+    PYTHONPATH=src python scripts/compile_sm90.py --kernels fwd --d 64,128 --warp-specialize
+
+Not checked here: that a config fits at launch (shared memory is printed, the limit is 227 KiB) and that
+it computes the right thing (the tests do that, under the interpreter and on a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # the compiler, not the interpreter
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from lmsys.kernels import flash_triton as ft  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+SMEM = 232448  # bytes of shared memory one block may use on an H100/H200
+FLOAT = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def signature(fn, dtype: str, consts: dict) -> dict:
+    """Triton's signature of `fn`'s arguments as the launchers pass them."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in ("L", "Delta") or (name == "DQ" and consts.get("ATOMIC_DQ")):
+            sig[name] = "*fp32"
+        elif name in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ"):
+            sig[name] = f"*{dtype}"
+        elif name == "sm_scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_one(kernel: str, dtype: str, consts: dict, config: triton.Config):
+    fn = ft._tuners()[kernel].fn
+    consts = {**consts, **config.kwargs}
+    sig = signature(fn, dtype, consts)
+    pointers = [i for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")]
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in pointers})
+    return triton.compile(src, target=HOPPER, options={"num_warps": config.num_warps,
+                                                       "num_stages": config.num_stages})
+
+
+def constants(kernel: str, d: int, dtype: str, causal: bool, args) -> dict:
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=ft.head_dim_pad(d), IS_CAUSAL=causal,
+                  DOT_PRECISION="tf32x3" if dtype == "fp32" else "tf32")
+    if kernel == "fwd":
+        return {**common, "USE_TMA": args.tma, "WARP_SPEC": args.warp_specialize, "PERSISTENT": args.persistent}
+    if kernel == "dkdv":
+        return {**common, "ATOMIC_DQ": args.atomic, "USE_TMA": args.tma,
+                "TMA_DQ": args.atomic and args.tma and ft.TMA_REDUCE_DQ}
+    return {**common, "USE_TMA": args.tma}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", default="fwd,dkdv,dq")
+    p.add_argument("--d", default="64,128", help="head dims")
+    p.add_argument("--dtype", default="bf16", help="bf16, fp16, fp32 (comma-separated)")
+    p.add_argument("--causal", default="1", help="1, 0 or 1,0")
+    p.add_argument("--wide", action="store_true", help="also WIDE_CONFIGS")
+    p.add_argument("--tma", action="store_true")
+    p.add_argument("--warp-specialize", action="store_true")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--atomic", action="store_true", help="the one-launch backward (deterministic=False)")
+    args = p.parse_args(argv)
+    print(f"triton {triton.__version__}, target sm_90; flags: "
+          + (", ".join(f for f in ("tma", "warp_specialize", "persistent", "atomic") if getattr(args, f)) or "none"))
+    print("| kernel | d | dtype | causal | config | fits (estimate) | compiled | shared KiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    failed = 0
+    for kernel in args.kernels.split(","):
+        configs = ft.GPU_CONFIGS[kernel] + (ft.WIDE_CONFIGS[kernel] if args.wide else [])
+        for dtype in args.dtype.split(","):
+            for d in (int(x) for x in args.d.split(",")):
+                for causal in (c == "1" for c in args.causal.split(",")):
+                    consts = constants(kernel, d, dtype, causal, args)
+                    for config in configs:
+                        kw = config.kwargs
+                        name = f"{kw['BLOCK_M']}×{kw['BLOCK_N']}, {config.num_warps} warps, {config.num_stages} st"
+                        fits = ft._fits(kernel, config, ft.head_dim_pad(d), FLOAT[dtype], SMEM)
+                        try:
+                            shared = f"{compile_one(kernel, dtype, consts, config).metadata.shared / 1024:.0f}"
+                            result = "yes"
+                        except Exception as e:  # noqa: BLE001 - the table says what failed
+                            failed += 1
+                            shared, result = "", f"no: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+                        print(f"| {kernel} | {d} | {dtype} | {causal} | {name} | {fits} | {result} | {shared} |",
+                              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
