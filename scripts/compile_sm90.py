@@ -8,6 +8,9 @@ triton the GPU machines have (3.6: ../shared/DEVICE.md), e.g. in a venv with tha
 
     PYTHONPATH=src python scripts/compile_sm90.py --kernels fwd --d 64,128 --warp-specialize
 
+With --dump DIR it writes each kernel's PTX, source lines stripped, to DIR: two dumps diffed show whether a
+refactor of the kernels changed what the GPU runs.
+
 Not checked here: that a config fits at launch (shared memory is printed, the limit is 227 KiB) and that
 it computes the right thing (the tests do that, under the interpreter and on a GPU).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)  # the compiler, not the interpreter
@@ -58,6 +62,17 @@ def compile_one(kernel: str, dtype: str, consts: dict, config: triton.Config):
                                                        "num_stages": config.num_stages})
 
 
+def dump(folder: str, name: str, compiled) -> None:
+    """The PTX code: without .loc/.file records, comments and the DWARF sections (they change with the
+    source's lines, paths and inlining, not with what runs)."""
+    os.makedirs(folder, exist_ok=True)
+    code = re.split(r"^\s*\.section\s+\.debug", compiled.asm["ptx"], maxsplit=1, flags=re.M)[0]
+    lines = [ln for ln in code.splitlines()
+             if not ln.lstrip().startswith((".loc", ".file", "//", "$L__")) and ln.strip()]
+    with open(os.path.join(folder, re.sub(r"[^\w.-]+", "_", name) + ".ptx"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def constants(kernel: str, d: int, dtype: str, causal: bool, args) -> dict:
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=ft.head_dim_pad(d), IS_CAUSAL=causal,
                   DOT_PRECISION="tf32x3" if dtype == "fp32" else "tf32")
@@ -80,6 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--warp-specialize", action="store_true")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--atomic", action="store_true", help="the one-launch backward (deterministic=False)")
+    p.add_argument("--dump", help="a folder for each kernel's PTX without its source-line records")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__}, target sm_90; flags: "
           + (", ".join(f for f in ("tma", "warp_specialize", "persistent", "atomic") if getattr(args, f)) or "none"))
@@ -97,8 +113,10 @@ def main(argv=None) -> int:
                         name = f"{kw['BLOCK_M']}×{kw['BLOCK_N']}, {config.num_warps} warps, {config.num_stages} st"
                         fits = ft._fits(kernel, config, ft.head_dim_pad(d), FLOAT[dtype], SMEM)
                         try:
-                            shared = f"{compile_one(kernel, dtype, consts, config).metadata.shared / 1024:.0f}"
-                            result = "yes"
+                            compiled = compile_one(kernel, dtype, consts, config)
+                            shared, result = f"{compiled.metadata.shared / 1024:.0f}", "yes"
+                            if args.dump:
+                                dump(args.dump, f"{kernel}-d{d}-{dtype}-c{int(causal)}-{name}", compiled)
                         except Exception as e:  # noqa: BLE001 - the table says what failed
                             failed += 1
                             shared, result = "", f"no: {type(e).__name__}: {str(e).splitlines()[0][:80]}"

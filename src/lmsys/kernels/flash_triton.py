@@ -120,6 +120,22 @@ def _store(ptrs, x, rows_ok, cols_ok, MASK_COLS: tl.constexpr):
 
 
 @triton.jit
+def _streamed(base, n_rows, stride_row, offs_row, offs_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+              BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr):
+    """A [n_rows, HEAD_DIM] operand that a loop walks in tiles of BLOCK rows, at row 0: a tensor descriptor
+    of [BLOCK, HEAD_DIM_PAD] blocks (USE_TMA: rows past n_rows and columns past HEAD_DIM load as zeros),
+    or a pointer tile, [HEAD_DIM_PAD, BLOCK] when TRANSPOSED, else [BLOCK, HEAD_DIM_PAD]."""
+    if USE_TMA:
+        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_row, 1],
+                                        block_shape=[BLOCK, HEAD_DIM_PAD])
+    elif TRANSPOSED:
+        src = base + offs_row[None, :] * stride_row + offs_d[:, None]
+    else:
+        src = base + offs_row[:, None] * stride_row + offs_d[None, :]
+    return src
+
+
+@triton.jit
 def _fwd_step(acc, l_i, m_i, q, K_src, V_src, start_n, stride_kn, stride_vn, offs_m, offs_n, d_ok, N_K, qk_scale,
               STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, USE_TMA: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
@@ -529,14 +545,10 @@ def _fwd_tile(Q, K, V, O, L, sm_scale,
     if USE_TMA:
         q = tl.make_tensor_descriptor(q_base, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
                                       block_shape=[BLOCK_M, HEAD_DIM_PAD]).load([start_m, 0])
-        K_src = tl.make_tensor_descriptor(k_base, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
-        V_src = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
     else:
         q = _load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], row_ok, d_ok, True, PAD_D)
-        K_src = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        V_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+    K_src = _streamed(k_base, N_K, stride_kn, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA)
+    V_src = _streamed(v_base, N_K, stride_vn, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -627,19 +639,12 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
     for g in range(GROUP):  # the query heads that read this key/value head: dK, dV sum over them
         h64 = hk64 * GROUP + g
         off_zh = z64 * H + h64
-        if USE_TMA:
-            Q_src = tl.make_tensor_descriptor(Q + z64 * stride_qz + h64 * stride_qh, shape=[N_Q, HEAD_DIM],
-                                              strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
-            DO_src = tl.make_tensor_descriptor(DO + z64 * stride_doz + h64 * stride_doh, shape=[N_Q, HEAD_DIM],
-                                               strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
-        else:
-            Q_src = Q + z64 * stride_qz + h64 * stride_qh + offs_m[None, :] * stride_qm + offs_d[:, None]
-            DO_src = DO + z64 * stride_doz + h64 * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :]
-        if TMA_DQ:
-            DQ_dst = tl.make_tensor_descriptor(DQ + z64 * stride_dqz + h64 * stride_dqh, shape=[N_Q, HEAD_DIM],
-                                               strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
-        else:
-            DQ_dst = DQ + z64 * stride_dqz + h64 * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
+        Q_src = _streamed(Q + z64 * stride_qz + h64 * stride_qh, N_Q, stride_qm, offs_m, offs_d, HEAD_DIM,
+                          HEAD_DIM_PAD, BLOCK_M, True, USE_TMA)
+        DO_src = _streamed(DO + z64 * stride_doz + h64 * stride_doh, N_Q, stride_dom, offs_m, offs_d, HEAD_DIM,
+                           HEAD_DIM_PAD, BLOCK_M, False, USE_TMA)
+        DQ_dst = _streamed(DQ + z64 * stride_dqz + h64 * stride_dqh, N_Q, stride_dqm, offs_m, offs_d, HEAD_DIM,
+                           HEAD_DIM_PAD, BLOCK_M, False, TMA_DQ)
         L_ptrs = L + off_zh * N_Q + offs_m
         D_ptrs = Delta + off_zh * N_Q + offs_m
         if IS_CAUSAL:
@@ -712,14 +717,10 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # as _attn_bwd_preprocess computes it
     tl.store(Delta + off_zh * N_Q + offs_m, delta, mask=row_ok)
     lse2 = tl.load(L + off_zh * N_Q + offs_m, mask=row_ok, other=0.0) * _LOG2E
-    if USE_TMA:
-        K_src = tl.make_tensor_descriptor(K + z64 * stride_kz + hk64 * stride_kh, shape=[N_K, HEAD_DIM],
-                                          strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
-        V_src = tl.make_tensor_descriptor(V + z64 * stride_vz + hk64 * stride_vh, shape=[N_K, HEAD_DIM],
-                                          strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
-    else:
-        K_src = K + z64 * stride_kz + hk64 * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None]
-        V_src = V + z64 * stride_vz + hk64 * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None]
+    K_src = _streamed(K + z64 * stride_kz + hk64 * stride_kh, N_K, stride_kn, offs_n, offs_d, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_N, True, USE_TMA)
+    V_src = _streamed(V + z64 * stride_vz + hk64 * stride_vh, N_K, stride_vn, offs_n, offs_d, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_N, True, USE_TMA)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     qk_scale = sm_scale * _LOG2E
