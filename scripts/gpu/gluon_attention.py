@@ -33,6 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
+# (BLOCK_N, STAGES, PIPELINE) timed at the leaderboard shape, BLOCK_M = 128
+SWEEP = [(128, 2, False), (128, 3, False), (64, 2, False), (64, 3, False), (64, 4, False), (128, 2, True),
+         (64, 3, True)]
 
 
 @gluon.jit
@@ -51,21 +54,17 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_rea
 
 
 @gluon.jit
-def _softmax_step(s_acc, m_i, l_i, o_acc, qk_scale, start_m, start_n, MASK: gl.constexpr,
-                  s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One tile's online softmax: P (in registers, as the A operand of the PV product), the new running
-    max and sum, and O rescaled."""
-    s = s_acc * qk_scale  # log2 units
+def _scores(s_acc, m_i, qk_scale, start_m, start_n, MASK: gl.constexpr, s_layout: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One tile's scores in log2 units (masked on the diagonal), the new running max and the factor
+    alpha that rescales what came before."""
+    s = s_acc * qk_scale
     if MASK:
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where(rows[:, None] >= cols[None, :], s, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
-    p = gl.exp2(s - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return p, m_new, l_i, o_acc
+    return s, m_new, gl.exp2(m_i - m_new)
 
 
 @gluon.jit
@@ -87,51 +86,43 @@ def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty
     mbarrier.wait(q_bar, 0)
 
     if PIPELINE:
-        # S_0 first; in the loop, S_{j+1} is issued before the softmax of tile j and runs under it.
+        # S_0 first; then in each step O is rescaled while no product is in flight, S_{j+1} is issued,
+        # and the exponentials of tile j run under it.
         mbarrier.wait(k_ready.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-        for j in range(n_tiles):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            nxt = j + 1
+    for j in range(n_tiles):
+        st = j % STAGES
+        phase = (j // STAGES) & 1
+        nxt = j + 1
+        if not PIPELINE:
+            mbarrier.wait(k_ready.index(st), phase)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_acc = warpgroup_mma_wait(0, deps=[s_tok])
+        if CAUSAL and j >= n_full:
+            s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
+        else:
+            s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
+        o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if PIPELINE:
             if nxt < n_tiles:
                 mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
                 s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)
-            if CAUSAL and j >= n_full:
-                p, m_i, l_i, o_acc = _softmax_step(s_acc, m_i, l_i, o_acc, qk_scale, start_m, j * BLOCK_N,
-                                                   True, s_layout, o_layout, BLOCK_M, BLOCK_N)
-            else:
-                p, m_i, l_i, o_acc = _softmax_step(s_acc, m_i, l_i, o_acc, qk_scale, start_m, j * BLOCK_N,
-                                                   False, s_layout, o_layout, BLOCK_M, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(s), phase)
-            o_tok = warpgroup_mma(p_op, v_smem.index(s), o_acc, is_async=True)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_ready.index(st), phase)
+        o_tok = warpgroup_mma(p_op, v_smem.index(st), o_acc, is_async=True)
+        if PIPELINE:
             if nxt < n_tiles:
-                # wait for S_{j+1} (issued first) and for this PV product
-                s_acc, o_acc = warpgroup_mma_wait(0, deps=[s_tok, o_tok])
+                s_acc, o_acc = warpgroup_mma_wait(0, deps=[s_tok, o_tok])  # S_{j+1} and this PV product
             else:
                 o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-            mbarrier.arrive(kv_empty.index(s), count=1)
-    else:
-        for j in range(n_tiles):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_ready.index(s), phase)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-            if CAUSAL and j >= n_full:
-                p, m_i, l_i, o_acc = _softmax_step(s_acc, m_i, l_i, o_acc, qk_scale, start_m, j * BLOCK_N,
-                                                   True, s_layout, o_layout, BLOCK_M, BLOCK_N)
-            else:
-                p, m_i, l_i, o_acc = _softmax_step(s_acc, m_i, l_i, o_acc, qk_scale, start_m, j * BLOCK_N,
-                                                   False, s_layout, o_layout, BLOCK_M, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(s), phase)
-            o_tok = warpgroup_mma(p_op, v_smem.index(s), o_acc, is_async=True)
+        else:
             o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-            mbarrier.arrive(kv_empty.index(s), count=1)
+        mbarrier.arrive(kv_empty.index(st), count=1)
 
     # O = acc / l; L = natural-log logsumexp of the scaled scores
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -201,7 +192,7 @@ def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=2, p
     """(O, L) as flash_forward returns them, for the probe's scope (module docstring)."""
     B, H, N, d = q.shape
     assert k.shape == q.shape and v.shape == q.shape and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and block_m == block_n
+    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and block_m % block_n == 0
     o = torch.empty_like(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
@@ -252,8 +243,8 @@ def check_and_time(args) -> int:
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        for pipeline in (True, False):
-            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, stages=args.stages)
+        for pipeline, bn in ((True, 128), (False, 128), (True, 64), (False, 64)):
+            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_n=bn, stages=args.stages)
             torch.cuda.synchronize()
             s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
             if causal:
@@ -264,7 +255,7 @@ def check_and_time(args) -> int:
             err_l = (lse.double() - ref_l).abs().max().item()
             worst = max(worst, err_o)
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} pipeline {pipeline}: O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} BLOCK_N {bn} pipeline {pipeline}: O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1
@@ -273,12 +264,13 @@ def check_and_time(args) -> int:
         B, H, N = 1, 16, 16384
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * N * N * d / 2
-        impls = {
-            "sdpa-cudnn": lambda: _cudnn(q, k, v),
-            "flash-triton": lambda: flash_forward(q, k, v, True),
-            "gluon ws": lambda: gluon_forward(q, k, v, True, pipeline=False, stages=args.stages),
-            "gluon ws + pipelined QKᵀ": lambda: gluon_forward(q, k, v, True, pipeline=True, stages=args.stages),
-        }
+        impls = {"sdpa-cudnn": lambda: _cudnn(q, k, v), "flash-triton": lambda: flash_forward(q, k, v, True)}
+        for bn, stages, pipeline in SWEEP:
+            if d == 128 and bn == 128 and stages > 3:
+                continue  # 288 KiB of shared memory
+            impls[f"gluon 128×{bn}, {stages} stages{', pipelined QKᵀ' if pipeline else ''}"] = (
+                lambda bn=bn, stages=stages, pipeline=pipeline: gluon_forward(q, k, v, True, block_n=bn, stages=stages,
+                                                                           pipeline=pipeline))
         for name, f in impls.items():
             try:
                 ms = do_bench(f, warmup=25, rep=200)
