@@ -34,8 +34,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 # (BLOCK_N, STAGES, PIPELINE) timed at the leaderboard shape, BLOCK_M = 128
-SWEEP = [(128, 2, False), (128, 3, False), (64, 2, False), (64, 3, False), (64, 4, False), (128, 2, True),
-         (64, 3, True)]
+SWEEP = [(128, 2, False), (128, 3, False), (64, 3, False), (128, 2, True), (128, 3, True), (64, 2, True),
+         (64, 3, True), (64, 4, True)]
 
 
 @gluon.jit
@@ -68,6 +68,36 @@ def _scores(s_acc, m_i, qk_scale, start_m, start_n, MASK: gl.constexpr, s_layout
 
 
 @gluon.jit
+def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, s_zero, qk_scale, start_m,
+          n_full, CAUSAL: gl.constexpr, NEXT: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+          o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key tile j, its scores S_j (s_acc) done: softmax, then O += P V_j. With NEXT, S_{j+1} is issued once O
+    is rescaled (no product in flight then) and runs under the exponentials; it is returned as s_acc."""
+    st = j % STAGES
+    if CAUSAL and j >= n_full:
+        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
+    else:
+        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
+    o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    if NEXT:
+        nxt = j + 1
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+    o_tok = warpgroup_mma(p_op, v_smem.index(st), o_acc, is_async=True)
+    if NEXT:
+        s_acc, o_acc = warpgroup_mma_wait(0, deps=[s_tok, o_tok])
+    else:
+        o_acc = warpgroup_mma_wait(0, deps=[o_tok])
+    mbarrier.arrive(kv_empty.index(st), count=1)
+    return s_acc, m_new, l_i, o_acc
+
+
+@gluon.jit
 def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, o_row, n_full, n_tiles,
                        start_m, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINE: gl.constexpr,
@@ -86,43 +116,28 @@ def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty
     mbarrier.wait(q_bar, 0)
 
     if PIPELINE:
-        # S_0 first; then in each step O is rescaled while no product is in flight, S_{j+1} is issued,
-        # and the exponentials of tile j run under it.
+        # S_0 first; every step but the last issues S_{j+1} before its exponentials. The last step is
+        # peeled off: a wait inside a runtime branch makes triton copy the in-flight accumulator before
+        # waiting, and ptxas then serialises every wgmma of the kernel (C7514).
         mbarrier.wait(k_ready.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-    for j in range(n_tiles):
-        st = j % STAGES
-        phase = (j // STAGES) & 1
-        nxt = j + 1
-        if not PIPELINE:
-            mbarrier.wait(k_ready.index(st), phase)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        for j in range(n_tiles - 1):
+            s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
+                                           kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, True, STAGES,
+                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
+        s_acc, m_i, l_i, o_acc = _step(n_tiles - 1, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready,
+                                       v_ready, kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
+                                       s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
+    else:
+        for j in range(n_tiles):
+            mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
             s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-        if CAUSAL and j >= n_full:
-            s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
-        else:
-            s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
-        o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        if PIPELINE:
-            if nxt < n_tiles:
-                mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-                s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                      is_async=True)
-        p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(st), phase)
-        o_tok = warpgroup_mma(p_op, v_smem.index(st), o_acc, is_async=True)
-        if PIPELINE:
-            if nxt < n_tiles:
-                s_acc, o_acc = warpgroup_mma_wait(0, deps=[s_tok, o_tok])  # S_{j+1} and this PV product
-            else:
-                o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-        else:
-            o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-        mbarrier.arrive(kv_empty.index(st), count=1)
+            s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
+                                           kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
+                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
 
     # O = acc / l; L = natural-log logsumexp of the scaled scores
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -225,11 +240,31 @@ def compile_only(args) -> int:
                 try:
                     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                        options={"num_warps": 8, "maxnreg": args.maxnreg})
-                    print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB", flush=True)
+                    print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
+                          flush=True)
                 except Exception as e:  # noqa: BLE001 - print what failed and go on
                     failed += 1
                     print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
     return 1 if failed else 0
+
+
+def _ptxas_notes(kernel) -> str:
+    """What ptxas says of the kernel's PTX that matters here: spills, and wgmma serialised (C7514) or
+    waits it had to inject (C7517)."""
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        err = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    notes = re.findall(r"\d+ bytes spill stores", err)
+    notes += ["wgmma serialised (C7514)"] * ("C7514" in err) + ["wait injected (C7517)"] * ("C7517" in err)
+    return ", ".join(notes)
 
 
 def check_and_time(args) -> int:
