@@ -33,9 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
+PIPELINES = {0: "", 1: ", next QKᵀ under softmax", 2: ", FA3 order (QKᵀ and PV under softmax)"}
 # (BLOCK_N, STAGES, PIPELINE) timed at the leaderboard shape, BLOCK_M = 128
-SWEEP = [(128, 2, False), (128, 3, False), (64, 3, False), (128, 2, True), (128, 3, True), (64, 2, True),
-         (64, 3, True), (64, 4, True)]
+SWEEP = [(128, 3, 0), (128, 2, 1), (128, 3, 1), (64, 3, 1), (128, 2, 2), (128, 3, 2), (64, 3, 2), (64, 4, 2)]
 
 
 @gluon.jit
@@ -65,6 +65,19 @@ def _scores(s_acc, m_i, qk_scale, start_m, start_n, MASK: gl.constexpr, s_layout
         s = gl.where(rows[:, None] >= cols[None, :], s, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     return s, m_new, gl.exp2(m_i - m_new)
+
+
+@gluon.jit
+def _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+             p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DTYPE: gl.constexpr):
+    """P_j (bf16, as the A operand of the PV product), the new running max and sum, and alpha."""
+    if CAUSAL and j >= n_full:
+        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
+    else:
+        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
 
 
 @gluon.jit
@@ -115,7 +128,33 @@ def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar, 0)
 
-    if PIPELINE:
+    if PIPELINE == 2:
+        # FlashAttention-3's order: S_j and O += P_{j-1} V_{j-1} issued together; the softmax of S_j runs
+        # while the PV product is in flight; O is rescaled once it lands.
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(0, deps=[s_tok])
+        p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, 0, n_full, CAUSAL, s_layout, p_layout,
+                                         BLOCK_M, BLOCK_N, dtype)
+        for j in range(1, n_tiles):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), o_acc, is_async=True)
+            s_acc = warpgroup_mma_wait(1, deps=[s_tok])
+            p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL, s_layout,
+                                             p_layout, BLOCK_M, BLOCK_N, dtype)
+            o_acc = warpgroup_mma_wait(0, deps=[o_tok])
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+            o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        last = n_tiles - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), o_acc, is_async=True)
+        o_acc = warpgroup_mma_wait(0, deps=[o_tok])
+        mbarrier.arrive(kv_empty.index(last % STAGES), count=1)
+    elif PIPELINE:
         # S_0 first; every step but the last issues S_{j+1} before its exponentials. The last step is
         # peeled off: a wait inside a runtime branch makes triton copy the in-flight accumulator before
         # waiting, and ptxas then serialises every wgmma of the kernel (C7514).
@@ -202,7 +241,7 @@ def _descriptors(q, k, v, block_m, block_n):
         v2, [block_n, d], kv_layout)
 
 
-def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=2, pipeline=True, num_warps=8,
+def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=3, pipeline=2, num_warps=8,
                   maxnreg=168):
     """(O, L) as flash_forward returns them, for the probe's scope (module docstring)."""
     B, H, N, d = q.shape
@@ -227,7 +266,7 @@ def compile_only(args) -> int:
     failed = 0
     for d in (64, 128):
         for causal in (True, False):
-            for pipeline in (True, False):
+            for pipeline in (2, 1, 0):
                 x = torch.empty(256, d, dtype=torch.bfloat16)
                 descs = _descriptors(x, x, x, 128, 128)
                 fn = _attn_fwd_ws
@@ -278,7 +317,7 @@ def check_and_time(args) -> int:
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        for pipeline, bn in ((True, 128), (False, 128), (True, 64), (False, 64)):
+        for pipeline, bn in ((2, 128), (1, 128), (0, 128), (2, 64), (1, 64), (0, 64)):
             o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_n=bn, stages=args.stages)
             torch.cuda.synchronize()
             s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
@@ -303,7 +342,7 @@ def check_and_time(args) -> int:
         for bn, stages, pipeline in SWEEP:
             if d == 128 and bn == 128 and stages > 3:
                 continue  # 288 KiB of shared memory
-            impls[f"gluon 128×{bn}, {stages} stages{', pipelined QKᵀ' if pipeline else ''}"] = (
+            impls[f"gluon 128×{bn}, {stages} stages{PIPELINES[pipeline]}"] = (
                 lambda bn=bn, stages=stages, pipeline=pipeline: gluon_forward(q, k, v, True, block_n=bn, stages=stages,
                                                                            pipeline=pipeline))
         for name, f in impls.items():
@@ -325,7 +364,7 @@ def _cudnn(q, k, v):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
-    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--stages", type=int, default=3)
     p.add_argument("--maxnreg", type=int, default=168)
     args = p.parse_args(argv)
     if args.compile_only:
