@@ -34,8 +34,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 PIPELINES = {0: "", 1: ", next QKᵀ under softmax", 2: ", FA3 order (QKᵀ and PV under softmax)"}
-# (BLOCK_N, STAGES, PIPELINE) timed at the leaderboard shape, BLOCK_M = 128
-SWEEP = [(128, 3, 0), (128, 2, 1), (128, 3, 1), (64, 3, 1), (128, 2, 2), (128, 3, 2), (64, 3, 2), (64, 4, 2)]
+# (BLOCK_M, BLOCK_N, STAGES, PIPELINE, compute warps, maxnreg) timed at the leaderboard shape
+SWEEP = [(128, 128, 3, 0, 8, 168), (128, 128, 3, 1, 8, 168), (128, 128, 3, 2, 8, 168),
+         # one warp group per CTA, two CTAs per SM (where shared memory allows): the hardware interleaves them
+         (64, 128, 2, 1, 4, 128), (64, 128, 3, 1, 4, 128), (64, 64, 2, 1, 4, 128), (64, 64, 3, 1, 4, 128),
+         (64, 128, 2, 2, 4, 128), (64, 64, 3, 2, 4, 128)]
 
 
 @gluon.jit
@@ -246,7 +249,7 @@ def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=3, p
     """(O, L) as flash_forward returns them, for the probe's scope (module docstring)."""
     B, H, N, d = q.shape
     assert k.shape == q.shape and v.shape == q.shape and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and block_m % block_n == 0
+    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and (block_m % block_n == 0 or block_n % block_m == 0)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
@@ -265,25 +268,26 @@ def compile_only(args) -> int:
 
     failed = 0
     for d in (64, 128):
-        for causal in (True, False):
-            for pipeline in (2, 1, 0):
-                x = torch.empty(256, d, dtype=torch.bfloat16)
-                descs = _descriptors(x, x, x, 128, 128)
-                fn = _attn_fwd_ws
-                consts = dict(BLOCK_M=128, BLOCK_N=128, HEAD_DIM=d, STAGES=args.stages, CAUSAL=causal,
-                              PIPELINE=pipeline, num_warps=8)
-                values = dict(zip(fn.arg_names, [*descs, x, torch.empty(1), 0.5, 256]))
-                sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
-                src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
-                name = f"d {d}, causal {causal}, pipeline {pipeline}, stages {args.stages}"
-                try:
-                    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                       options={"num_warps": 8, "maxnreg": args.maxnreg})
-                    print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
-                          flush=True)
-                except Exception as e:  # noqa: BLE001 - print what failed and go on
-                    failed += 1
-                    print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
+        for bm, bn, stages, pipeline, warps, regs in SWEEP:
+            if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
+                continue
+            x = torch.empty(256, d, dtype=torch.bfloat16)
+            descs = _descriptors(x, x, x, bm, bn)
+            fn = _attn_fwd_ws
+            consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=True, PIPELINE=pipeline,
+                          num_warps=warps)
+            values = dict(zip(fn.arg_names, [*descs, x, torch.empty(1), 0.5, 256]))
+            sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
+            src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+            name = f"d {d}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}{PIPELINES[pipeline]}"
+            try:
+                k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": warps, "maxnreg": regs})
+                print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001 - print what failed and go on
+                failed += 1
+                print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
     return 1 if failed else 0
 
 
@@ -317,8 +321,10 @@ def check_and_time(args) -> int:
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        for pipeline, bn in ((2, 128), (1, 128), (0, 128), (2, 64), (1, 64), (0, 64)):
-            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_n=bn, stages=args.stages)
+        for pipeline, bm, bn, warps in ((2, 128, 128, 8), (1, 128, 128, 8), (0, 128, 128, 8), (2, 128, 64, 8),
+                                        (1, 64, 128, 4), (2, 64, 64, 4)):
+            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_m=bm, block_n=bn, stages=2,
+                                   num_warps=warps, maxnreg=168 if warps == 8 else 128)
             torch.cuda.synchronize()
             s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
             if causal:
@@ -329,7 +335,7 @@ def check_and_time(args) -> int:
             err_l = (lse.double() - ref_l).abs().max().item()
             worst = max(worst, err_o)
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} BLOCK_N {bn} pipeline {pipeline}: O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps pipeline {pipeline}: O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1
@@ -339,12 +345,14 @@ def check_and_time(args) -> int:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * N * N * d / 2
         impls = {"sdpa-cudnn": lambda: _cudnn(q, k, v), "flash-triton": lambda: flash_forward(q, k, v, True)}
-        for bn, stages, pipeline in SWEEP:
-            if d == 128 and bn == 128 and stages > 3:
-                continue  # 288 KiB of shared memory
-            impls[f"gluon 128×{bn}, {stages} stages{PIPELINES[pipeline]}"] = (
-                lambda bn=bn, stages=stages, pipeline=pipeline: gluon_forward(q, k, v, True, block_n=bn, stages=stages,
-                                                                           pipeline=pipeline))
+        for bm, bn, stages, pipeline, warps, regs in SWEEP:
+            smem = 2 * d * (bm + 2 * stages * bn)
+            if smem > 227 * 1024:
+                continue
+            name = f"gluon {bm}×{bn}, {stages} st, {warps} warps{PIPELINES[pipeline]}"
+            impls[name] = (lambda bm=bm, bn=bn, stages=stages, pipeline=pipeline, warps=warps, regs=regs:
+                           gluon_forward(q, k, v, True, block_m=bm, block_n=bn, stages=stages, pipeline=pipeline,
+                                         num_warps=warps, maxnreg=regs))
         for name, f in impls.items():
             try:
                 ms = do_bench(f, warmup=25, rep=200)
