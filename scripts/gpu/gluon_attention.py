@@ -1,21 +1,12 @@
-"""A Gluon forward for Hopper: the lever tl cannot reach (issue 12). A probe, not yet a product path.
+"""Sweep, check and compile lmsys.kernels.flash_gluon, the Gluon forward for Hopper (issue 12).
 
-triton.language leaves the warp roles to the compiler; Gluon (triton.experimental.gluon, in the same
-triton 3.6 wheel) lets the kernel say them, with register budgets per role (setmaxnreg underneath):
+On a GPU: each config of SWEEP checked against float64 (awkward batch/heads, causal or not, both head
+dims), then timed at the leaderboard shape beside sdpa-cudnn and flash-triton's tl forward, in one run.
+On a CPU (--compile-only): every config of SWEEP compiled for sm_90 with the installed triton, with what
+ptxas says of spills and of wgmma serialisation (C7514), which is what sank the first pipelined version.
 
-- a load partition, one warp with 24 registers, brings Q once and K, V tiles through a ring of STAGES
-  shared buffers by TMA, with ready/empty mbarriers (K and V on separate ready barriers, so QKᵀ starts
-  before V has landed);
-- the default partition, 8 warps (two warp groups, 64 query rows each), runs the two products as async
-  wgmma and the online softmax in registers; with PIPELINE it issues the next tile's QKᵀ before this
-  tile's softmax, so the tensor cores work under the exponentials (FlashAttention-3's intra-warpgroup
-  overlap).
-
-Scope of the probe: bf16/fp16, d 64 or 128, sequence lengths that are multiples of the tile (128),
-q, k, v [B, H, N, d] contiguous, causal or not. It returns O and L like flash_forward.
-
-    python scripts/gpu/gluon_attention.py --compile-only  # CPU: compile for sm_90 (no GPU needed)
-    python scripts/gpu/gluon_attention.py                 # GPU: check against float64, then time
+    PYTHONPATH=src python scripts/gpu/gluon_attention.py --compile-only   # CPU, triton 3.6
+    PYTHONPATH=src python scripts/gpu/gluon_attention.py                  # an H100/H200
 """
 from __future__ import annotations
 
@@ -26,13 +17,9 @@ import sys
 
 import torch
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2E = 1.4426950408889634
+from lmsys.kernels import flash_gluon
+from lmsys.kernels.flash_gluon import Config, _attn_fwd_ws
 PIPELINES = {0: "", 1: ", next QKᵀ under softmax", 2: ", FA3 order (QKᵀ and PV under softmax)"}
 # (BLOCK_M, BLOCK_N, STAGES, PIPELINE, compute warps, maxnreg) timed at the leaderboard shape
 SWEEP = [(128, 128, 3, 0, 8, 168), (128, 128, 3, 1, 8, 168), (128, 128, 3, 2, 8, 168),
@@ -41,222 +28,14 @@ SWEEP = [(128, 128, 3, 0, 8, 168), (128, 128, 3, 1, 8, 168), (128, 128, 3, 2, 8,
          (64, 64, 3, 2, 4, 128), (64, 64, 4, 2, 4, 128)]
 
 
-@gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                    q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
-    for j in range(n_tiles):
-        s = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(kv_empty.index(s), phase ^ 1)  # barriers start with phase 1 complete: no wait at first
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
-
-
-@gluon.jit
-def _scores(s_acc, m_i, qk_scale, start_m, start_n, MASK: gl.constexpr, s_layout: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One tile's scores in log2 units (masked on the diagonal), the new running max and the factor
-    alpha that rescales what came before."""
-    s = s_acc * qk_scale
-    if MASK:
-        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(rows[:, None] >= cols[None, :], s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    return s, m_new, gl.exp2(m_i - m_new)
-
-
-@gluon.jit
-def _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-             p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DTYPE: gl.constexpr):
-    """P_j (bf16, as the A operand of the PV product), the new running max and sum, and alpha."""
-    if CAUSAL and j >= n_full:
-        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
-    else:
-        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
-    p = gl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
-
-
-@gluon.jit
-def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, s_zero, qk_scale, start_m,
-          n_full, CAUSAL: gl.constexpr, NEXT: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-          o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Key tile j, its scores S_j (s_acc) done: softmax, then O += P V_j. With NEXT, S_{j+1} is issued once O
-    is rescaled (no product in flight then) and runs under the exponentials; it is returned as s_acc."""
-    st = j % STAGES
-    if CAUSAL and j >= n_full:
-        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
-    else:
-        s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
-    o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    if NEXT:
-        nxt = j + 1
-        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-    p = gl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, 1)
-    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-    o_tok = warpgroup_mma(p_op, v_smem.index(st), o_acc, is_async=True)
-    if NEXT:
-        s_acc, o_acc = warpgroup_mma_wait(0, deps=[s_tok, o_tok])
-    else:
-        o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-    mbarrier.arrive(kv_empty.index(st), count=1)
-    return s_acc, m_new, l_i, o_acc
-
-
-@gluon.jit
-def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, o_row, n_full, n_tiles,
-                       start_m, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINE: gl.constexpr,
-                       num_warps: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    dtype: gl.constexpr = q_smem.dtype
-
-    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-    o_acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, 0)
-
-    if PIPELINE == 2:
-        # FlashAttention-3's order: S_j and O += P_{j-1} V_{j-1} issued together; the softmax of S_j runs
-        # while the PV product is in flight; O is rescaled once it lands.
-        mbarrier.wait(k_ready.index(0), 0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-        p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, 0, n_full, CAUSAL, s_layout, p_layout,
-                                         BLOCK_M, BLOCK_N, dtype)
-        for j in range(1, n_tiles):
-            st = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p_op, v_smem.index(prev), o_acc, is_async=True)
-            s_acc = warpgroup_mma_wait(1, deps=[s_tok])
-            p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL, s_layout,
-                                             p_layout, BLOCK_M, BLOCK_N, dtype)
-            o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-            mbarrier.arrive(kv_empty.index(prev), count=1)
-            o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        last = n_tiles - 1
-        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), o_acc, is_async=True)
-        o_acc = warpgroup_mma_wait(0, deps=[o_tok])
-        mbarrier.arrive(kv_empty.index(last % STAGES), count=1)
-    elif PIPELINE:
-        # S_0 first; every step but the last issues S_{j+1} before its exponentials. The last step is
-        # peeled off: a wait inside a runtime branch makes triton copy the in-flight accumulator before
-        # waiting, and ptxas then serialises every wgmma of the kernel (C7514).
-        mbarrier.wait(k_ready.index(0), 0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-        for j in range(n_tiles - 1):
-            s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
-                                           kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, True, STAGES,
-                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
-        s_acc, m_i, l_i, o_acc = _step(n_tiles - 1, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready,
-                                       v_ready, kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
-                                       s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
-    else:
-        for j in range(n_tiles):
-            mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-            s_acc = warpgroup_mma_wait(0, deps=[s_tok])
-            s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
-                                           kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
-                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
-
-    # O = acc / l; L = natural-log logsumexp of the scaled scores
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    o = o_acc / l_o[:, None]
-    rows = o_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    gl.store(O + rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :], o.to(dtype))
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    l_rows = o_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    gl.store(L + l_rows, lse)
-
-
-@gluon.jit
-def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (query tile, batch·head), heaviest causal tiles first; q, k, v, O as [B·H·N, d]."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    zh = gl.program_id(1)
-    start_m = pid_m * BLOCK_M
-    row0 = zh * N_CTX
-    if CAUSAL:
-        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
-        n_full = (start_m + 1) // BLOCK_N  # tiles wholly at or below the diagonal need no mask
-    else:
-        n_tiles = N_CTX // BLOCK_N
-        n_full = n_tiles
-
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
-    fence_async_shared()
-
-    gl.warp_specialize([
-        (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0 + start_m,
-                              n_full, n_tiles, start_m, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                              PIPELINE, num_warps)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                           row0 + start_m, row0, n_tiles, BLOCK_N, STAGES)),
-    ], [1], [24])
-
-
-def _descriptors(q, k, v, block_m, block_n):
-    d = q.shape[-1]
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-    q2, k2, v2 = (x.reshape(-1, d) for x in (q, k, v))
-    q_desc = TensorDescriptor.from_tensor(q2, [block_m, d], gl.NVMMASharedLayout.get_default_for([block_m, d], gdt))
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
-    return q_desc, TensorDescriptor.from_tensor(k2, [block_n, d], kv_layout), TensorDescriptor.from_tensor(
-        v2, [block_n, d], kv_layout)
-
-
 def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=3, pipeline=2, num_warps=8,
                   maxnreg=168):
-    """(O, L) as flash_forward returns them, for the probe's scope (module docstring)."""
-    B, H, N, d = q.shape
-    assert k.shape == q.shape and v.shape == q.shape and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and (block_m % block_n == 0 or block_n % block_m == 0)
+    """(O, L) from the Gluon kernel at one config (shapes `flash_gluon.usable` takes)."""
+    config = Config(block_m, block_n, stages, pipeline, num_warps, maxnreg)
+    assert flash_gluon.usable(q, k, v, config)
     o = torch.empty_like(q)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
-    grid = (N // block_m, B * H)
-    _attn_fwd_ws[grid](q_desc, k_desc, v_desc, o, lse, LOG2E / math.sqrt(d), N, BLOCK_M=block_m, BLOCK_N=block_n,
-                       HEAD_DIM=d, STAGES=stages, CAUSAL=causal, PIPELINE=pipeline, num_warps=num_warps,
-                       maxnreg=maxnreg)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    flash_gluon.forward(q, k, v, o, lse, causal, config)
     return o, lse
 
 
@@ -272,11 +51,11 @@ def compile_only(args) -> int:
             if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
                 continue
             x = torch.empty(256, d, dtype=torch.bfloat16)
-            descs = _descriptors(x, x, x, bm, bn)
+            descs = flash_gluon.descriptors(x, x, x, bm, bn)
             fn = _attn_fwd_ws
             consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=True, PIPELINE=pipeline,
                           num_warps=warps)
-            values = dict(zip(fn.arg_names, [*descs, x, torch.empty(1), 0.5, 256]))
+            values = dict(zip(fn.arg_names, [*descs, x, torch.empty(1), 0.5, 256, 1, 1]))
             sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
             src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
             name = f"d {d}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}{PIPELINES[pipeline]}"
@@ -362,6 +141,36 @@ def check_and_time(args) -> int:
     return 0
 
 
+def compare_policies(args) -> int:
+    """flash-triton's forward and forward+backward with Policy.gluon off and on, beside sdpa-cudnn, at the
+    leaderboard shape (bf16, causal, batch 1, 16 heads, seq 16384), interleaved `--repeats` times."""
+    from dataclasses import replace
+
+    from triton.testing import do_bench
+
+    from lmsys.kernels import flash_triton
+
+    print("| d | run | impl | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s |\n|---|---|---|---|---|---|")
+    for d in (64, 128):
+        q, k, v = (torch.randn(1, 16, 16384, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+        flops = 4 * 16 * 16384 * 16384 * d / 2 * 3.5  # forward + 2.5x backward, causal
+        impls = {"sdpa-cudnn": _cudnn}
+        for name, gluon in (("flash-triton (tl forward)", False), ("flash-triton (gluon forward)", True)):
+            impls[name] = (lambda q, k, v, gluon=gluon: flash_triton.FlashAttentionTriton.apply(
+                q, k, v, True, None, replace(flash_triton.default_policy(), gluon=gluon)))
+        for run in range(args.repeats):
+            for name, f in impls.items():
+                def step(f=f):
+                    torch.autograd.grad(f(q, k, v), (q, k, v), do)
+                with torch.no_grad():
+                    fwd = do_bench(lambda f=f: f(q, k, v), warmup=25, rep=100)
+                both = do_bench(step, warmup=10, rep=100)
+                print(f"| {d} | {run} | {name} | {fwd:.3f} | {both:.3f} | {flops / both / 1e9:.0f} |", flush=True)
+    return 0
+
+
 def _cudnn(q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -374,11 +183,13 @@ def main(argv=None) -> int:
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--maxnreg", type=int, default=168)
+    p.add_argument("--policies", action="store_true", help="flash-triton with Policy.gluon off and on, fwd+bwd")
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     if args.compile_only:
         os.environ.pop("TRITON_INTERPRET", None)
         return compile_only(args)
-    return check_and_time(args)
+    return compare_policies(args) if args.policies else check_and_time(args)
 
 
 if __name__ == "__main__":

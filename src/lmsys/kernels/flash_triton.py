@@ -407,6 +407,9 @@ class Policy:
     warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True), with the 8-warp
       configs only (WARP_SPEC_MIN_WARPS; off where none fits); not together with the forward's tensor
       descriptors (no faster on Hopper: `tma` wins).
+    gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
+      the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64 or 128, n_q == n_k a
+      multiple of its tiles, contiguous); the tl forward elsewhere. The backward is the same either way.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -418,6 +421,7 @@ class Policy:
     tma: bool = False
     tma_backward: bool = False
     warp_specialize: bool = False
+    gluon: bool = False
     persistent: bool = False
     ran: dict = field(default_factory=dict)
 
@@ -861,6 +865,19 @@ WARP_SPEC_WITH_TMA = False
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
 
+@functools.lru_cache(maxsize=None)
+def _gluon():
+    """lmsys.kernels.flash_gluon, or None where this triton has no Gluon for Hopper (or runs the
+    interpreter, which does not run Gluon)."""
+    if INTERPRET:
+        return None
+    try:
+        from lmsys.kernels import flash_gluon
+    except (ImportError, AttributeError):
+        return None
+    return flash_gluon
+
+
 def _persistent_programs(device) -> int:
     """Programs of the persistent forward grid: one per SM on a GPU."""
     device = torch.device(device)
@@ -878,6 +895,11 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
     n_k = k4.shape[2]
     o4 = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
+    gluon = _gluon() if policy.gluon else None
+    if gluon is not None and gluon.usable(q4, k4, v4):
+        with _device_guard(q.device):
+            policy.ran["fwd"] = gluon.forward(q4, k4, v4, o4, lse, is_causal)
+        return o4.view(q.shape), lse.view(q.shape[:-1])
     use_tma = _tma_usable(policy, q4, k4, v4)
     if use_tma and q.device.type == "cuda":
         _set_tma_allocator()
