@@ -532,14 +532,15 @@ def _gluon_module():
 
 
 @pytest.mark.parametrize("q_shape, kv_shape, dtype, ok", [
-    ((2, 4, 256, 64), (2, 4, 256, 64), torch.bfloat16, True),
+    ((2, 4, 256, 128), (2, 4, 256, 128), torch.bfloat16, True),
     ((1, 8, 384, 128), (1, 2, 384, 128), torch.float16, True),  # grouped-query
-    ((1, 8, 128, 64), (1, 1, 128, 64), torch.bfloat16, True),  # multi-query
+    ((1, 8, 128, 128), (1, 1, 128, 128), torch.bfloat16, True),  # multi-query
+    ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, False),  # d 64: no faster, not by default
     ((1, 2, 256, 80), (1, 2, 256, 80), torch.bfloat16, False),  # d 80: the tl kernel's padded path
-    ((1, 2, 200, 64), (1, 2, 200, 64), torch.bfloat16, False),  # not a multiple of the tiles
-    ((1, 2, 256, 64), (1, 2, 384, 64), torch.bfloat16, False),  # n_q != n_k
-    ((1, 2, 256, 64), (1, 2, 256, 64), torch.float32, False),  # fp32: tf32x3 in the tl kernel
-    ((1, 6, 256, 64), (1, 4, 256, 64), torch.bfloat16, False),  # heads not a multiple
+    ((1, 2, 200, 128), (1, 2, 200, 128), torch.bfloat16, False),  # not a multiple of the tiles
+    ((1, 2, 256, 128), (1, 2, 384, 128), torch.bfloat16, False),  # n_q != n_k
+    ((1, 2, 256, 128), (1, 2, 256, 128), torch.float32, False),  # fp32: tf32x3 in the tl kernel
+    ((1, 6, 256, 128), (1, 4, 256, 128), torch.bfloat16, False),  # heads not a multiple
 ])
 def test_gluon_forward_supports_only_what_it_computes(q_shape, kv_shape, dtype, ok):
     gluon = _gluon_module()
@@ -549,12 +550,14 @@ def test_gluon_forward_supports_only_what_it_computes(q_shape, kv_shape, dtype, 
     assert not gluon.usable(q, k, v)  # not on a CPU
     if ok:  # a strided view is refused too
         assert not gluon.supports(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
+    d64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    assert gluon.supports(d64, d64, d64, gluon.D64_CONFIG)  # the sweep's d 64 config, asked for by name
 
 
 def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
     """Policy(gluon=True) off a Hopper GPU (here: the interpreter) runs the tl forward, same results."""
     policy = replace(flash_triton.default_policy(), gluon=True)
-    q, k, v = _gqa_inputs((1,), 4, 2, 64, 64, 64, torch.bfloat16, seed=3)
+    q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=3)
     _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
     if DEVICE == "cpu":
         assert not policy.ran["fwd"].startswith("gluon")
@@ -562,9 +565,9 @@ def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
 
 # (leading dims, Hq, Hkv, n, d, causal, dtype): shapes the Gluon forward takes (n a multiple of 128)
 GLUON_CASES = [
-    ((2,), 4, 4, 256, 64, True, torch.bfloat16),
+    ((2,), 4, 4, 256, 128, True, torch.bfloat16),
     ((1,), 8, 2, 384, 128, True, torch.bfloat16),  # grouped-query
-    ((2,), 2, 1, 128, 64, False, torch.float16),  # multi-query, not causal
+    ((2,), 2, 1, 128, 128, False, torch.float16),  # multi-query, not causal
     ((1,), 2, 2, 512, 128, False, torch.float16),
 ]
 
@@ -572,7 +575,8 @@ GLUON_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GLUON_CASES)
 def test_gpu_gluon_forward_matches_float64(case):
-    """The Gluon forward's O and L, and the (unchanged) backward's gradients from its L, against float64."""
+    """The Gluon forward's O and L, and the (unchanged) backward's gradients from its L, against float64
+    (d 64's config: scripts/gpu/gluon_attention.py checks it with every config of its sweep)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward is for Hopper")
     _gluon_module()

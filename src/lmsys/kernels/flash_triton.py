@@ -427,7 +427,7 @@ class Policy:
 
 
 # What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
-DEFAULT_POLICY = Policy(tma_backward=True)
+DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
 
 
 def default_policy() -> Policy:
