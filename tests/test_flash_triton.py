@@ -535,7 +535,7 @@ def _gluon_module():
     ((2, 4, 256, 128), (2, 4, 256, 128), torch.bfloat16, True),
     ((1, 8, 384, 128), (1, 2, 384, 128), torch.float16, True),  # grouped-query
     ((1, 8, 128, 128), (1, 1, 128, 128), torch.bfloat16, True),  # multi-query
-    ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, False),  # d 64: no faster, not by default
+    ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, True),
     ((1, 2, 256, 80), (1, 2, 256, 80), torch.bfloat16, False),  # d 80: the tl kernel's padded path
     ((1, 2, 200, 128), (1, 2, 200, 128), torch.bfloat16, False),  # not a multiple of the tiles
     ((1, 2, 256, 128), (1, 2, 384, 128), torch.bfloat16, False),  # n_q != n_k
@@ -550,8 +550,8 @@ def test_gluon_forward_supports_only_what_it_computes(q_shape, kv_shape, dtype, 
     assert not gluon.usable(q, k, v)  # not on a CPU
     if ok:  # a strided view is refused too
         assert not gluon.supports(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
-    d64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
-    assert gluon.supports(d64, d64, d64, gluon.D64_CONFIG)  # the sweep's d 64 config, asked for by name
+    d96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
+    assert not gluon.supports(d96, d96, d96, gluon.Config(128, 128, 2, 0, 8, 168))  # a config is not a head dim
 
 
 def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
@@ -565,6 +565,8 @@ def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
 
 # (leading dims, Hq, Hkv, n, d, causal, dtype): shapes the Gluon forward takes (n a multiple of 128)
 GLUON_CASES = [
+    ((2,), 4, 4, 256, 64, True, torch.bfloat16),
+    ((2,), 2, 1, 128, 64, False, torch.float16),  # multi-query, not causal
     ((2,), 4, 4, 256, 128, True, torch.bfloat16),
     ((1,), 8, 2, 384, 128, True, torch.bfloat16),  # grouped-query
     ((2,), 2, 1, 128, 128, False, torch.float16),  # multi-query, not causal
@@ -575,8 +577,7 @@ GLUON_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GLUON_CASES)
 def test_gpu_gluon_forward_matches_float64(case):
-    """The Gluon forward's O and L, and the (unchanged) backward's gradients from its L, against float64
-    (d 64's config: scripts/gpu/gluon_attention.py checks it with every config of its sweep)."""
+    """The Gluon forward's O and L, and the (unchanged) backward's gradients from its L, against float64."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward is for Hopper")
     _gluon_module()
