@@ -114,7 +114,8 @@ def check_and_time(args) -> int:
             err_l = (lse.double() - ref_l).abs().max().item()
             worst = max(worst, err_o)
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps pipeline {pipeline}: O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps pipeline {pipeline}: "
+                  f"O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1

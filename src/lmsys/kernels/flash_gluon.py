@@ -268,8 +268,9 @@ def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Confi
     contiguous and 16-byte aligned, query heads a multiple of key/value heads."""
     d, n = q4.shape[-1], q4.shape[-2]
     config = config or CONFIGS.get(d)
-    return (config is not None and d in (64, 128) and q4.dtype in _DTYPES and k4.dtype == q4.dtype and v4.dtype == q4.dtype
-            and q4.dim() == 4 and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
+    return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.dtype in _DTYPES
+            and k4.dtype == q4.dtype and v4.dtype == q4.dtype
+            and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
             and k4.shape[0] == q4.shape[0] and q4.shape[1] % k4.shape[1] == 0
             and n % config.block_m == 0 and n % config.block_n == 0
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q4, k4, v4)))
@@ -282,8 +283,10 @@ def _hopper(index: int) -> bool:
 
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
     """`supports` on a Hopper GPU (the kernel's wgmma and setmaxnreg are sm_90's)."""
-    return q4.is_cuda and _hopper(q4.device.index if q4.device.index is not None else torch.cuda.current_device()) \
-        and supports(q4, k4, v4, config)
+    if not q4.is_cuda:
+        return False
+    index = q4.device.index if q4.device.index is not None else torch.cuda.current_device()
+    return _hopper(index) and supports(q4, k4, v4, config)
 
 
 def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) -> str:
