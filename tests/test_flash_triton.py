@@ -554,6 +554,36 @@ def test_gluon_forward_supports_only_what_it_computes(q_shape, kv_shape, dtype, 
     assert not gluon.supports(d96, d96, d96, gluon.Config(128, 128, 2, 0, 8, 168))  # a config is not a head dim
 
 
+def test_gluon_forward_runs_only_with_the_triton_it_was_written_for(monkeypatch):
+    """Gluon's API moves between releases (3.9 renamed the TMA copies the kernel calls): any other triton
+    gets the tl forward instead of a compile error."""
+    gluon = _gluon_module()
+    for version, ok in (("3.6.0", True), ("3.6.1", True), ("3.5.1", False), ("3.9.0", False), ("3.10.0", False)):
+        monkeypatch.setattr(gluon.triton, "__version__", version)
+        assert gluon.available() == ok, version
+
+
+def test_gluon_forward_refuses_empty_inputs_and_grids_past_cuda_limits(monkeypatch):
+    gluon = _gluon_module()
+    empty = torch.zeros(0, 2, 128, 64, dtype=torch.bfloat16)
+    assert not gluon.supports(empty, empty, empty)
+    x = torch.zeros(2, 4, 128, 64, dtype=torch.bfloat16)
+    assert gluon.supports(x, x, x)
+    monkeypatch.setattr(gluon, "MAX_GRID_Y", 7)  # batch·heads go on the grid's second dimension
+    assert not gluon.supports(x, x, x)
+
+
+@pytest.mark.parametrize("args, message", [((128, 128, 3, 1, 4, 168), "needs 8 warps"),
+                                           ((64, 128, 1, 2, 4, 128), "pipeline 2 with 1 stages"),
+                                           ((64, 128, 2, 3, 4, 128), "pipeline 3"),
+                                           ((64, 96, 2, 0, 4, 128), "divide")])
+def test_gluon_config_refuses_what_would_hang_or_miscompute(args, message):
+    gluon = _gluon_module()
+    with pytest.raises(ValueError, match=message):
+        gluon.Config(*args)
+    assert gluon.Config(64, 128, 1, 0, 4, 128)  # one stage is fine when nothing is pipelined
+
+
 def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
     """Policy(gluon=True) off a Hopper GPU (here: the interpreter) runs the tl forward, same results."""
     policy = replace(flash_triton.default_policy(), gluon=True)
@@ -571,6 +601,8 @@ GLUON_CASES = [
     ((1,), 8, 2, 384, 128, True, torch.bfloat16),  # grouped-query
     ((2,), 2, 1, 128, 128, False, torch.float16),  # multi-query, not causal
     ((1,), 2, 2, 512, 128, False, torch.float16),
+    ((1,), 2, 1, 1536, 64, True, torch.bfloat16),  # long enough that every config's K/V ring wraps
+    ((2, 1), 4, 2, 1024, 128, True, torch.float16),  # five dims, grouped-query, the ring wraps
 ]
 
 

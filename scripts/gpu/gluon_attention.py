@@ -98,11 +98,14 @@ def check_and_time(args) -> int:
     dev = "cuda"
     worst = 0.0
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
-                                 (1, 4, 640, 64, False)]:
+                                 (1, 4, 640, 64, False), (1, 2, 1536, 64, True), (1, 2, 1280, 128, True)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        for pipeline, bm, bn, warps in ((2, 128, 128, 8), (1, 128, 128, 8), (0, 128, 128, 8), (2, 128, 64, 8),
-                                        (1, 64, 128, 4), (2, 64, 64, 4)):
-            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_m=bm, block_n=bn, stages=2,
+        for pipeline, bm, bn, warps, stages in ((2, 128, 128, 8, 2), (1, 128, 128, 8, 3), (0, 128, 128, 8, 2),
+                                                (2, 128, 64, 8, 2), (1, 64, 128, 4, 2), (2, 64, 128, 4, 3),
+                                                (2, 64, 64, 4, 4)):
+            if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
+                continue
+            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_m=bm, block_n=bn, stages=stages,
                                    num_warps=warps, maxnreg=168 if warps == 8 else 128)
             torch.cuda.synchronize()
             s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
@@ -114,8 +117,8 @@ def check_and_time(args) -> int:
             err_l = (lse.double() - ref_l).abs().max().item()
             worst = max(worst, err_o)
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps pipeline {pipeline}: "
-                  f"O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps {stages} st "
+                  f"pipeline {pipeline}: O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
@@ -46,6 +47,15 @@ class Config:
     warps: int
     maxnreg: int
 
+    def __post_init__(self):
+        if self.block_m != 16 * self.warps:  # one m64 wgmma per warp group of four warps
+            raise ValueError(f"block_m {self.block_m} needs {self.block_m // 16} warps, not {self.warps}")
+        if self.pipeline not in (0, 1, 2) or self.stages < (2 if self.pipeline else 1):
+            # pipelined, the compute partition holds tile j's slot while it waits for tile j+1's K
+            raise ValueError(f"pipeline {self.pipeline} with {self.stages} stages")
+        if max(self.block_m, self.block_n) % min(self.block_m, self.block_n):
+            raise ValueError("one tile must divide the other (the causal diagonal's tiles)")
+
 
 # The head dims the kernel runs, each with the fastest config of scripts/gpu/gluon_attention.py's sweep at
 # the leaderboard shape (H200, triton 3.6), as a multiple of the tl forward's time in the same run
@@ -54,6 +64,15 @@ class Config:
 # in six (median 0.957).
 CONFIGS = {64: Config(64, 128, 3, 2, 4, 128), 128: Config(128, 128, 3, 1, 8, 168)}
 _DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
+# TMA copies): the kernel runs only with the release it was written and measured with.
+TRITON_RELEASES = ("3.6",)
+MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension: batch·heads here
+
+
+def available() -> bool:
+    """Whether the installed triton is one this kernel was written for."""
+    return ".".join(triton.__version__.split(".")[:2]) in TRITON_RELEASES
 
 
 @gluon.jit
@@ -265,10 +284,12 @@ def descriptors(q, k, v, block_m: int, block_n: int):
 def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
     """Whether the kernel computes these [Z, H, N, d] inputs (device aside): bf16/fp16 alike, d 64 or 128,
     as many keys as queries and a multiple of the tiles (TMA reads whole tiles, across heads otherwise),
-    contiguous and 16-byte aligned, query heads a multiple of key/value heads."""
+    contiguous and 16-byte aligned, query heads a multiple of key/value heads, not empty, and at most
+    MAX_GRID_Y batch·heads."""
     d, n = q4.shape[-1], q4.shape[-2]
     config = config or CONFIGS.get(d)
-    return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.dtype in _DTYPES
+    return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.numel() > 0
+            and q4.shape[0] * q4.shape[1] <= MAX_GRID_Y and q4.dtype in _DTYPES
             and k4.dtype == q4.dtype and v4.dtype == q4.dtype
             and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
             and k4.shape[0] == q4.shape[0] and q4.shape[1] % k4.shape[1] == 0
@@ -282,8 +303,9 @@ def _hopper(index: int) -> bool:
 
 
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
-    """`supports` on a Hopper GPU (the kernel's wgmma and setmaxnreg are sm_90's)."""
-    if not q4.is_cuda:
+    """`supports` on an NVIDIA Hopper GPU (the kernel's wgmma and setmaxnreg are sm_90's; a ROCm build
+    reports its own capabilities through the same call)."""
+    if not q4.is_cuda or torch.version.hip is not None:
         return False
     index = q4.device.index if q4.device.index is not None else torch.cuda.current_device()
     return _hopper(index) and supports(q4, k4, v4, config)

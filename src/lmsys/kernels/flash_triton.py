@@ -409,7 +409,9 @@ class Policy:
       descriptors (no faster on Hopper: `tma` wins).
     gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
       the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64 or 128, n_q == n_k a
-      multiple of its tiles, contiguous); the tl forward elsewhere. The backward is the same either way.
+      multiple of its tiles, contiguous; triton 3.6); the tl forward elsewhere. Where it runs, the tl
+      forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply; the
+      backward is the same either way.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -867,15 +869,15 @@ INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no
 
 @functools.lru_cache(maxsize=None)
 def _gluon():
-    """lmsys.kernels.flash_gluon, or None where this triton has no Gluon for Hopper (or runs the
-    interpreter, which does not run Gluon)."""
+    """lmsys.kernels.flash_gluon, or None where this triton has no Gluon for Hopper, is not the release
+    the kernel was written for (flash_gluon.TRITON_RELEASES), or runs the interpreter (no Gluon there)."""
     if INTERPRET:
         return None
     try:
         from lmsys.kernels import flash_gluon
     except (ImportError, AttributeError):
         return None
-    return flash_gluon
+    return flash_gluon if flash_gluon.available() else None
 
 
 def _persistent_programs(device) -> int:
