@@ -2,7 +2,7 @@
 seq 16384, d 64 and d 128; forward and forward+backward with triton.testing.do_bench (median ms) and
 TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys.core.flops.attention_flops).
 
-Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (default_policy(), autotuned: on Hopper its forward is
+Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (default_policy(), autotuned: on Hopper at d 128 its forward is
 the Gluon kernel), the same with the tl forward (gluon=False), then each lever flipped from the latter alone,
 at the tiles the autotuner chose (one compile per kernel, no re-tuning):
 deterministic (one backward launch, atomic dQ), tma (tensor-descriptor loads in the forward), tma_backward
