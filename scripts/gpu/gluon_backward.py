@@ -1,0 +1,276 @@
+"""dK and dV in Gluon for Hopper: the first piece of a Gluon backward (issue 12). A probe, not yet run on a GPU.
+
+Where flash-triton loses most to cuDNN is the backward (d 64: 3.58 against 3.14 ms), and most of the
+backward is the dK/dV kernel. This is that kernel with the forward's structure (lmsys.kernels.flash_gluon):
+
+- a load partition, one warp with 24 registers: K and V of this program's key tile once, then Q and dO of
+  each query tile that sees those keys (every query head of the key/value head's group) through a ring of
+  STAGES shared buffers, with ready/empty mbarriers;
+- the compute partition (8 warps: two warp groups, 64 keys each), per query tile, all products as wgmma:
+  Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2 e − L·log2 e) (masked on the causal diagonal), dV += Pᵀ dO,
+  dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dK += dSᵀ Q; Pᵀ and dSᵀ stay in registers as the A operands.
+  The dV and dPᵀ products are issued together. Nothing else overlaps yet: the simple version first.
+
+It reads L (the forward's natural-log logsumexp) and D = rowsum(dO ∘ O) as flash-triton's backward does,
+and computes what `flash_triton._attn_bwd_dkdv` computes (deterministic, no atomics), for bf16/fp16,
+d 64 or 128, n_q = n_k a multiple of the tiles, contiguous, grouped-query allowed.
+
+    PYTHONPATH=src python scripts/gpu/gluon_backward.py --compile-only   # CPU, triton 3.6: compile + ptxas
+    PYTHONPATH=src python scripts/gpu/gluon_backward.py                  # an H100/H200: check, then time
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready,
+                    empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
+    per_head = n_m - first_m
+    for t in range(GROUP * per_head):  # (query head of the group, query tile) in order
+        s = t % STAGES
+        phase = (t // STAGES) & 1
+        row = q_row0 + (t // per_head) * N_CTX + (first_m + t % per_head) * BLOCK_M
+        mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start with phase 1 complete: no wait at first
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], q_ready.index(s), q_smem.index(s))
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, 0], do_ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _compute_partition(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, empty, L, Delta, DK, DV,
+                       lse_row0, start_n, first_m, n_m, GROUP, N_CTX, dk_row, qk_scale, sm_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])  # Sᵀ, dPᵀ [BN, BM]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])  # dK, dV [BN, d]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = k_smem.dtype
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    mbarrier.wait(kv_bar, 0)
+    per_head = n_m - first_m
+    for t in range(GROUP * per_head):
+        s = t % STAGES
+        phase = (t // STAGES) & 1
+        start_m = (first_m + t % per_head) * BLOCK_M
+        row = lse_row0 + (t // per_head) * N_CTX + start_m
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        lse2 = gl.load(L + row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))) * 1.4426950408889634
+        delta = gl.load(Delta + row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout)))
+
+        mbarrier.wait(q_ready.index(s), phase)
+        st_tok = warpgroup_mma(k_smem, q_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(0, deps=[st_tok])
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if CAUSAL:
+            pt = gl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)  # (a no-op below the diagonal tiles)
+        mbarrier.wait(do_ready.index(s), phase)
+        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dv, dpt = warpgroup_mma_wait(0, deps=[dv_tok, dpt_tok])
+        dst = pt * (dpt - delta[None, :])
+        dk_tok = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_smem.index(s), dk, is_async=True)
+        dk = warpgroup_mma_wait(0, deps=[dk_tok])
+        mbarrier.arrive(empty.index(s), count=1)
+
+    dk = dk * sm_scale
+    rows = dk_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    gl.store(DK + offs, dk.to(dtype))
+    gl.store(DV + offs, dv.to(dtype))
+
+
+@gluon.jit
+def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, qk_scale, sm_scale, N_CTX, H, GROUP,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (key tile, batch·key/value head); q, dO as [Z·H·N, d], k, v, dK, dV as
+    [Z·(H/GROUP)·N, d], L and D as [Z·H·N]. Causal key tiles with the most query tiles start first (pid 0)."""
+    start_n = gl.program_id(0) * BLOCK_N
+    zhk = gl.program_id(1)
+    h_kv = H // GROUP
+    kv_row = zhk * N_CTX + start_n
+    q_row0 = ((zhk // h_kv) * H + (zhk % h_kv) * GROUP) * N_CTX  # the group's first query head, row 0
+    n_m = N_CTX // BLOCK_M
+    if CAUSAL:
+        first_m = start_n // BLOCK_M  # earlier query tiles see none of these keys
+    else:
+        first_m = 0
+
+    dtype: gl.constexpr = k_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_compute_partition, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, empty, L, Delta, DK, DV,
+                              q_row0, start_n, first_m, n_m, GROUP, N_CTX, kv_row, qk_scale, sm_scale, BLOCK_M,
+                              BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                           do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M, STAGES)),
+    ], [1], [24])
+
+
+def _descriptors(q, k, v, do, block_m, block_n):
+    d = q.shape[-1]
+    gdt = _DTYPES[q.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
+    return (TensorDescriptor.from_tensor(q.reshape(-1, d), [block_m, d], q_layout),
+            TensorDescriptor.from_tensor(k.reshape(-1, d), [block_n, d], kv_layout),
+            TensorDescriptor.from_tensor(v.reshape(-1, d), [block_n, d], kv_layout),
+            TensorDescriptor.from_tensor(do.reshape(-1, d), [block_m, d], q_layout))
+
+
+def gluon_dkdv(q, k, v, do, lse, delta, causal, *, block_m=64, block_n=128, stages=2, num_warps=8, maxnreg=168):
+    """(dK, dV) for [Z, H, N, d] q, dO and [Z, Hkv, N, d] k, v, from L and D [Z, H, N] float32."""
+    Z, H, N, d = q.shape
+    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and block_n == 16 * num_warps
+    assert all(x.is_contiguous() for x in (q, k, v, do, lse, delta)) and H % k.shape[1] == 0
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    descs = _descriptors(q, k, v, do, block_m, block_n)
+    grid = (N // block_n, Z * k.shape[1])
+    _attn_bwd_dkdv_ws[grid](*descs, lse, delta, dk, dv, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), N, H,
+                            H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, STAGES=stages,
+                            CAUSAL=causal, num_warps=num_warps, maxnreg=maxnreg)
+    return dk, dv
+
+
+# (BLOCK_M, BLOCK_N, STAGES, warps, maxnreg)
+SWEEP = [(64, 128, 2, 8, 168), (64, 128, 3, 8, 168), (32, 128, 3, 8, 168), (64, 64, 2, 4, 128)]
+
+
+def compile_only(args) -> int:
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from gluon_attention import _ptxas_notes
+
+    failed = 0
+    for d in (64, 128):
+        for causal in (True, False):
+            for bm, bn, stages, warps, regs in SWEEP:
+                x = torch.empty(256, d, dtype=torch.bfloat16)
+                descs = _descriptors(x, x, x, x, bm, bn)
+                fn = _attn_bwd_dkdv_ws
+                consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, num_warps=warps)
+                f32 = torch.empty(4)
+                values = dict(zip(fn.arg_names, [*descs, f32, f32, x, x, 0.5, 0.5, 256, 1, 1]))
+                sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
+                src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+                name = f"d {d}, causal {causal}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}"
+                try:
+                    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
+                                                                                      "maxnreg": regs})
+                    print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
+                          flush=True)
+                except Exception as e:  # noqa: BLE001 - print what failed and go on
+                    failed += 1
+                    print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
+    return 1 if failed else 0
+
+
+def check_and_time(args) -> int:
+    from triton.testing import do_bench
+
+    from lmsys.kernels import flash_triton
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    for (Z, H, Hkv, N, d, causal) in [(2, 2, 2, 256, 64, True), (1, 4, 2, 512, 128, True), (2, 2, 1, 384, 64, False),
+                                      (1, 2, 2, 1024, 128, True)]:
+        q = torch.randn(Z, H, N, d, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(Z, Hkv, N, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        do = torch.randn_like(q)
+        o, lse = flash_triton.flash_forward(q, k, v, causal)
+        delta = (o.float() * do.float()).sum(-1).contiguous()
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        kr, vr = (x.repeat_interleave(H // Hkv, dim=1) for x in (k64, v64))
+        s = q64 @ kr.transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(torch.ones(N, N, device=dev, dtype=torch.bool).triu(1), float("-inf"))
+        ref_dk, ref_dv = torch.autograd.grad(torch.softmax(s, -1) @ vr, (k64, v64), do.double())
+        for bm, bn, stages, warps, regs in SWEEP:
+            dk, dv = gluon_dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
+                                num_warps=warps, maxnreg=regs)
+            torch.cuda.synchronize()
+            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in ((dk, ref_dk), (dv, ref_dv))]
+            ok = max(errs) < 2e-2
+            print(f"check Z{Z} H{H}/{Hkv} N{N} d{d} causal {causal} {bm}×{bn} {stages} st {warps} warps: "
+                  f"dK rel err {errs[0]:.2e}, dV {errs[1]:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                return 1
+    print("| d | impl | ms | TFLOP/s |\n|---|---|---|---|")
+    for d in (64, 128):
+        q, k, v, do = (torch.randn(1, 16, 16384, d, device=dev, dtype=torch.bfloat16) for _ in range(4))
+        o, lse = flash_triton.flash_forward(q, k, v, True)
+        delta = (o.float() * do.float()).sum(-1).contiguous()
+        bwd_flops = 2.5 * 4 * 16 * 16384 * 16384 * d / 2
+        dkdv_flops = bwd_flops * 4 / 5  # four of the backward's five products
+        rows = {"flash-triton backward (dQ + dK/dV kernels)":
+                (lambda: flash_triton.flash_backward(q, k, v, o, lse, do, True), bwd_flops)}
+        for bm, bn, stages, warps, regs in SWEEP:
+            rows[f"gluon dK/dV alone, {bm}×{bn}, {stages} st, {warps} warps"] = (
+                lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_dkdv(
+                    q, k, v, do, lse, delta, True, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
+                    maxnreg=regs), dkdv_flops)
+        for name, (f, flops) in rows.items():
+            try:
+                ms = do_bench(f, warmup=25, rep=200)
+                print(f"| {d} | {name} | {ms:.3f} | {flops / ms / 1e9:.0f} |", flush=True)
+            except Exception as e:  # noqa: BLE001 - a row that fails says why
+                print(f"| {d} | {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--compile-only", action="store_true")
+    args = p.parse_args(argv)
+    if args.compile_only:
+        os.environ.pop("TRITON_INTERPRET", None)
+        return compile_only(args)
+    return check_and_time(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
