@@ -1,4 +1,4 @@
-"""dK and dV in Gluon for Hopper: the first piece of a Gluon backward (issue 12). A probe, not yet run on a GPU.
+"""flash-triton's backward kernels in Gluon for Hopper (issue 12). A probe, not yet run on a GPU.
 
 Where flash-triton loses most to cuDNN is the backward (d 64: 3.58 against 3.14 ms), and most of the
 backward is the dK/dV kernel. This is that kernel with the forward's structure (lmsys.kernels.flash_gluon):
@@ -11,8 +11,11 @@ backward is the dK/dV kernel. This is that kernel with the forward's structure (
   dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dK += dSᵀ Q; Pᵀ and dSᵀ stay in registers as the A operands.
   The dV and dPᵀ products are issued together. Nothing else overlaps yet: the simple version first.
 
-It reads L (the forward's natural-log logsumexp) and D = rowsum(dO ∘ O) as flash-triton's backward does,
-and computes what `flash_triton._attn_bwd_dkdv` computes (deterministic, no atomics), for bf16/fp16,
+The dQ kernel (`_attn_bwd_dq_ws`, one program per query tile) has the same shape the other way round: Q and
+dO once, K and V through the ring; S = Q Kᵀ and dP = dO Vᵀ issued together, dQ += dS K.
+
+Both read L (the forward's natural-log logsumexp) and D = rowsum(dO ∘ O) as flash-triton's backward does,
+and compute what `flash_triton._attn_bwd_dkdv` and `_attn_bwd_dq` compute (deterministic, no atomics), for bf16/fp16,
 d 64 or 128, n_q = n_k a multiple of the tiles, contiguous, grouped-query allowed.
 
     PYTHONPATH=src python scripts/gpu/gluon_backward.py --compile-only   # CPU, triton 3.6: compile + ptxas
@@ -148,6 +151,107 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, qk_scal
     ], [1], [24])
 
 
+@gluon.jit
+def _dq_load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready,
+                       empty, q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(qdo_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], qdo_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [q_row, 0], qdo_bar, do_smem)
+    for j in range(n_tiles):
+        s = j % STAGES
+        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _dq_compute_partition(q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, empty, L, Delta, DQ, q_row,
+                          start_m, n_full, n_tiles, qk_scale, sm_scale, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # S, dP [BM, BN]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])  # dQ [BM, d]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse2 = gl.load(L + q_row + rows) * 1.4426950408889634
+    delta = gl.load(Delta + q_row + rows)
+    offs_m = start_m + rows
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(qdo_bar, 0)
+    for j in range(n_tiles):
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(s), phase)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(s), phase)
+        dp_tok = warpgroup_mma(do_smem, v_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc, dp = warpgroup_mma_wait(0, deps=[s_tok, dp_tok])
+        p = gl.exp2(sc * qk_scale - lse2[:, None])
+        if CAUSAL and j >= n_full:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq_tok = warpgroup_mma(gl.convert_layout(ds.to(dtype), a_layout), k_smem.index(s), dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq_tok])
+        mbarrier.arrive(empty.index(s), count=1)
+
+    dq = dq * sm_scale
+    out_rows = q_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    gl.store(DQ + out_rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :], dq.to(dtype))
+
+
+@gluon.jit
+def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, qk_scale, sm_scale, N_CTX, H, GROUP,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (query tile, batch·query head), the causal tiles that see the most keys first."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    zh = gl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    q_row = zh * N_CTX + start_m
+    kv_row = ((zh // H) * (H // GROUP) + (zh % H) // GROUP) * N_CTX
+    if CAUSAL:
+        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
+        n_full = (start_m + 1) // BLOCK_N
+    else:
+        n_tiles = N_CTX // BLOCK_N
+        n_full = n_tiles
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(qdo_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_dq_compute_partition, (q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, empty, L, Delta, DQ,
+                                 q_row, start_m, n_full, n_tiles, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                 STAGES, CAUSAL, num_warps)),
+        (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready,
+                              v_ready, empty, q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
+    ], [1], [24])
+
+
 def _descriptors(q, k, v, do, block_m, block_n):
     d = q.shape[-1]
     gdt = _DTYPES[q.dtype]
@@ -173,8 +277,23 @@ def gluon_dkdv(q, k, v, do, lse, delta, causal, *, block_m=64, block_n=128, stag
     return dk, dv
 
 
-# (BLOCK_M, BLOCK_N, STAGES, warps, maxnreg)
+def gluon_dq(q, k, v, do, lse, delta, causal, *, block_m=128, block_n=64, stages=2, num_warps=8, maxnreg=168):
+    """dQ for [Z, H, N, d] q, dO and [Z, Hkv, N, d] k, v, from L and D [Z, H, N] float32."""
+    Z, H, N, d = q.shape
+    assert d in (64, 128) and N % block_m == 0 and N % block_n == 0 and block_m == 16 * num_warps
+    assert all(x.is_contiguous() for x in (q, k, v, do, lse, delta)) and H % k.shape[1] == 0
+    dq = torch.empty_like(q)
+    descs = _descriptors(q, k, v, do, block_m, block_n)
+    _attn_bwd_dq_ws[(N // block_m, Z * H)](*descs, lse, delta, dq, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), N, H,
+                                          H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d,
+                                          STAGES=stages, CAUSAL=causal, num_warps=num_warps, maxnreg=maxnreg)
+    return dq
+
+
+# (BLOCK_M, BLOCK_N, STAGES, warps, maxnreg); dK/dV: BLOCK_N = 16·warps (keys per warp group's rows)
 SWEEP = [(64, 128, 2, 8, 168), (64, 128, 3, 8, 168), (32, 128, 3, 8, 168), (64, 64, 2, 4, 128)]
+# dQ: BLOCK_M = 16·warps (queries)
+DQ_SWEEP = [(128, 64, 2, 8, 168), (128, 64, 3, 8, 168), (128, 128, 2, 8, 168), (64, 64, 3, 4, 128)]
 
 
 def compile_only(args) -> int:
@@ -188,16 +307,18 @@ def compile_only(args) -> int:
     failed = 0
     for d in (64, 128):
         for causal in (True, False):
-            for bm, bn, stages, warps, regs in SWEEP:
+            for fn, (bm, bn, stages, warps, regs) in ([(_attn_bwd_dkdv_ws, c) for c in SWEEP]
+                                                      + [(_attn_bwd_dq_ws, c) for c in DQ_SWEEP]):
                 x = torch.empty(256, d, dtype=torch.bfloat16)
                 descs = _descriptors(x, x, x, x, bm, bn)
-                fn = _attn_bwd_dkdv_ws
                 consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, num_warps=warps)
                 f32 = torch.empty(4)
-                values = dict(zip(fn.arg_names, [*descs, f32, f32, x, x, 0.5, 0.5, 256, 1, 1]))
+                outs = [x, x] if fn is _attn_bwd_dkdv_ws else [x]
+                values = dict(zip(fn.arg_names, [*descs, f32, f32, *outs, 0.5, 0.5, 256, 1, 1]))
                 sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
                 src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
-                name = f"d {d}, causal {causal}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}"
+                name = (f"{'dK/dV' if fn is _attn_bwd_dkdv_ws else 'dQ'}: d {d}, causal {causal}, {bm}×{bn}, "
+                        f"{stages} stages, {warps} warps, maxnreg {regs}")
                 try:
                     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
                                                                                       "maxnreg": regs})
@@ -228,7 +349,15 @@ def check_and_time(args) -> int:
         s = q64 @ kr.transpose(-1, -2) / math.sqrt(d)
         if causal:
             s = s.masked_fill(torch.ones(N, N, device=dev, dtype=torch.bool).triu(1), float("-inf"))
-        ref_dk, ref_dv = torch.autograd.grad(torch.softmax(s, -1) @ vr, (k64, v64), do.double())
+        ref_dq, ref_dk, ref_dv = torch.autograd.grad(torch.softmax(s, -1) @ vr, (q64, k64, v64), do.double())
+        for bm, bn, stages, warps, regs in DQ_SWEEP:
+            dq = gluon_dq(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
+                          maxnreg=regs)
+            err = ((dq.double() - ref_dq).norm() / ref_dq.norm()).item()
+            print(f"check Z{Z} H{H}/{Hkv} N{N} d{d} causal {causal} dQ {bm}×{bn} {stages} st {warps} warps: "
+                  f"rel err {err:.2e} {'ok' if err < 2e-2 else 'FAIL'}", flush=True)
+            if err >= 2e-2:
+                return 1
         for bm, bn, stages, warps, regs in SWEEP:
             dk, dv = gluon_dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
                                 num_warps=warps, maxnreg=regs)
@@ -245,9 +374,14 @@ def check_and_time(args) -> int:
         o, lse = flash_triton.flash_forward(q, k, v, True)
         delta = (o.float() * do.float()).sum(-1).contiguous()
         bwd_flops = 2.5 * 4 * 16 * 16384 * 16384 * d / 2
-        dkdv_flops = bwd_flops * 4 / 5  # four of the backward's five products
+        dkdv_flops = bwd_flops * 4 / 5  # TFLOP/s of a kernel alone: its products (dK/dV four, dQ three) of five
         rows = {"flash-triton backward (dQ + dK/dV kernels)":
                 (lambda: flash_triton.flash_backward(q, k, v, o, lse, do, True), bwd_flops)}
+        for bm, bn, stages, warps, regs in DQ_SWEEP:
+            rows[f"gluon dQ alone, {bm}×{bn}, {stages} st, {warps} warps"] = (
+                lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_dq(
+                    q, k, v, do, lse, delta, True, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
+                    maxnreg=regs), bwd_flops * 3 / 5)
         for bm, bn, stages, warps, regs in SWEEP:
             rows[f"gluon dK/dV alone, {bm}×{bn}, {stages} st, {warps} warps"] = (
                 lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_dkdv(
