@@ -3,6 +3,7 @@ SM carveout that keeps matmuls off some SMs for the kernels beside them."""
 
 from __future__ import annotations
 
+import functools
 import platform
 from typing import Any
 
@@ -209,7 +210,22 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def check_carveout(sms: int | None, device, *, option: str = "--sm-carveout") -> None:
+def capability(device) -> tuple[int, int]:
+    """CUDA compute capability (major, minor) of a device; cached, as kernels ask on every launch."""
+    import torch
+
+    device = torch.device(device)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def check_carveout(sms: int | None, device) -> None:
     """A matmul SM carveout must leave the matmuls at least one SM of this GPU (one line, exit 2)."""
     if sms is not None and device.type == "cuda" and sms >= (total := sm_count(device)):
-        raise LmsysError(f"{option} {sms} leaves no SM to the matmuls: this GPU has {total}")
+        raise LmsysError(f"--sm-carveout {sms} leaves no SM to the matmuls: this GPU has {total}")

@@ -19,7 +19,6 @@ them for sm_90 on a machine without a GPU.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -30,6 +29,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                 warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from lmsys.core.devices import capability
 
 LOG2E = 1.4426950408889634
 
@@ -300,18 +301,11 @@ def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Confi
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q4, k4, v4)))
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
     """`supports` on an NVIDIA Hopper GPU (the kernel's wgmma and setmaxnreg are sm_90's; a ROCm build
     reports its own capabilities through the same call)."""
-    if not q4.is_cuda or torch.version.hip is not None:
-        return False
-    index = q4.device.index if q4.device.index is not None else torch.cuda.current_device()
-    return _hopper(index) and supports(q4, k4, v4, config)
+    return (q4.is_cuda and torch.version.hip is None and capability(q4.device)[0] == 9
+            and supports(q4, k4, v4, config))
 
 
 def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) -> str:

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.runtime import _allocation  # which allocator this thread has (see _set_tma_allocator)
 
-from lmsys.core.devices import sm_count
+from lmsys.core.devices import capability, sm_count
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import triton_interpreted
 from lmsys.kernels.shapes import check_qkv
@@ -820,11 +820,6 @@ def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)  # asked on every backward: a few µs each, uncached
-
-
 def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) -> bool:
     """Tensor descriptors asked for (policy.tma, or policy.tma_backward for the backward) and possible:
     Triton has them, the GPU is Hopper or newer (or the interpreter runs), and every base and leading
@@ -832,8 +827,7 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
     if not (policy.tma_backward if backward else policy.tma) or not hasattr(tl, "make_tensor_descriptor"):
         return False
     device = tensors[0].device
-    if device.type == "cuda" and _capability(device.index if device.index is not None else
-                                             torch.cuda.current_device())[0] < 9:
+    if device.type == "cuda" and capability(device)[0] < 9:
         return False
     if device.type != "cuda" and not INTERPRET:
         return False
