@@ -8,8 +8,9 @@ triton the GPU machines have (3.6: ../shared/DEVICE.md), e.g. in a venv with tha
 
     PYTHONPATH=src python scripts/compile_sm90.py --kernels fwd --d 64,128 --warp-specialize
 
-With --dump DIR it writes each kernel's PTX, source lines stripped, to DIR: two dumps diffed show whether a
-refactor of the kernels changed what the GPU runs.
+Its compile_gluon, ptxas_notes and report do the same for Gluon kernels (scripts/gpu/gluon_*.py
+--compile-only). With --dump DIR it writes each kernel's PTX, source lines stripped, to DIR: two dumps
+diffed show whether a refactor of the kernels changed what the GPU runs.
 
 Not checked here: that a config fits at launch (shared memory is printed, the limit is 227 KiB) and that
 it computes the right thing (the tests do that, under the interpreter and on a GPU).
@@ -60,6 +61,49 @@ def compile_one(kernel: str, dtype: str, consts: dict, config: triton.Config):
                     attrs={(i,): [["tt.divisibility", 16]] for i in pointers})
     return triton.compile(src, target=HOPPER, options={"num_warps": config.num_warps,
                                                        "num_stages": config.num_stages})
+
+
+def compile_gluon(fn, example_args: list, consts: dict, *, num_warps: int, maxnreg: int | None = None):
+    """Compile a Gluon kernel for sm_90: its signature from example values of its runtime arguments (in
+    order) and the constexprs in `consts`."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    values = dict(zip([n for n in fn.arg_names if n not in consts], example_args))
+    sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
+    src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "maxnreg": maxnreg})
+
+
+def ptxas_notes(kernel) -> str:
+    """What ptxas says of a compiled kernel's PTX that matters for wgmma kernels: spills, wgmma serialised
+    (C7514), waits it had to inject (C7517)."""
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        err = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    notes = re.findall(r"\d+ bytes spill stores", err)
+    notes += ["wgmma serialised (C7514)"] * ("C7514" in err) + ["wait injected (C7517)"] * ("C7517" in err)
+    return ", ".join(notes)
+
+
+def report(name: str, build) -> bool:
+    """One line for one compile (`build()` returns the compiled kernel): its shared memory and what ptxas
+    says, or why it failed."""
+    try:
+        kernel = build()
+    except Exception as e:  # noqa: BLE001 - the line says what failed
+        print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
+        return False
+    print(f"{name}: compiled, shared {kernel.metadata.shared / 1024:.0f} KiB; ptxas: {ptxas_notes(kernel)}",
+          flush=True)
+    return True
 
 
 def dump(folder: str, name: str, compiled) -> None:

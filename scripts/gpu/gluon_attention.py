@@ -16,7 +16,6 @@ import os
 import sys
 
 import torch
-import triton
 
 from lmsys.kernels import flash_gluon
 from lmsys.kernels.flash_gluon import Config, _attn_fwd_ws
@@ -40,53 +39,22 @@ def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=3, p
 
 
 def compile_only(args) -> int:
-    """Compile the kernel for sm_90 on a machine without a GPU (Gluon needs no device to compile)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
+    """Compile every config of SWEEP for sm_90 on a machine without a GPU (Gluon needs no device to compile)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from compile_sm90 import compile_gluon, report
 
-    failed = 0
+    ok = True
     for d in (64, 128):
         for bm, bn, stages, pipeline, warps, regs in SWEEP:
             if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
                 continue
             x = torch.empty(256, d, dtype=torch.bfloat16)
-            descs = flash_gluon.descriptors(x, x, x, bm, bn)
-            fn = _attn_fwd_ws
+            example = [*flash_gluon.descriptors(x, x, x, bm, bn), x, torch.empty(1), 0.5, 256, 1, 1]
             consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=True, PIPELINE=pipeline,
                           num_warps=warps)
-            values = dict(zip(fn.arg_names, [*descs, x, torch.empty(1), 0.5, 256, 1, 1]))
-            sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
-            src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
-            name = f"d {d}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}{PIPELINES[pipeline]}"
-            try:
-                k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": warps, "maxnreg": regs})
-                print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
-                      flush=True)
-            except Exception as e:  # noqa: BLE001 - print what failed and go on
-                failed += 1
-                print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
-    return 1 if failed else 0
-
-
-def _ptxas_notes(kernel) -> str:
-    """What ptxas says of the kernel's PTX that matters here: spills, and wgmma serialised (C7514) or
-    waits it had to inject (C7517)."""
-    import re
-    import subprocess
-    import tempfile
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(kernel.asm["ptx"])
-        err = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True).stderr
-    notes = re.findall(r"\d+ bytes spill stores", err)
-    notes += ["wgmma serialised (C7514)"] * ("C7514" in err) + ["wait injected (C7517)"] * ("C7517" in err)
-    return ", ".join(notes)
+            ok &= report(f"d {d}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}{PIPELINES[pipeline]}",
+                         lambda: compile_gluon(_attn_fwd_ws, example, consts, num_warps=warps, maxnreg=regs))
+    return 0 if ok else 1
 
 
 def check_and_time(args) -> int:
@@ -96,7 +64,6 @@ def check_and_time(args) -> int:
 
     torch.manual_seed(0)
     dev = "cuda"
-    worst = 0.0
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False), (1, 2, 1536, 64, True), (1, 2, 1280, 128, True)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
@@ -115,7 +82,6 @@ def check_and_time(args) -> int:
             ref_o = torch.softmax(s, -1) @ v.double()
             err_o = ((o.double() - ref_o).norm() / ref_o.norm()).item()
             err_l = (lse.double() - ref_l).abs().max().item()
-            worst = max(worst, err_o)
             ok = err_o < 1e-2 and err_l < 1e-2
             print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps {stages} st "
                   f"pipeline {pipeline}: O rel err {err_o:.2e}, "

@@ -29,15 +29,12 @@ import os
 import sys
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2E = 1.4426950408889634
-_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+from lmsys.kernels.flash_gluon import LOG2E, descriptors, ring_barriers
 
 
 @gluon.jit
@@ -131,16 +128,7 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, qk_scal
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    kv_bar, q_ready, do_ready, empty = ring_barriers(STAGES)
 
     gl.warp_specialize([
         (_compute_partition, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, empty, L, Delta, DK, DV,
@@ -232,16 +220,7 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, qk_scale, sm_
     do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(qdo_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    qdo_bar, k_ready, v_ready, empty = ring_barriers(STAGES)
 
     gl.warp_specialize([
         (_dq_compute_partition, (q_smem, do_smem, k_smem, v_smem, qdo_bar, k_ready, v_ready, empty, L, Delta, DQ,
@@ -253,14 +232,10 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, qk_scale, sm_
 
 
 def _descriptors(q, k, v, do, block_m, block_n):
+    """The forward's descriptors over q, k, v, and dO's, tiled as q."""
+    q_desc, k_desc, v_desc = descriptors(q, k, v, block_m, block_n)
     d = q.shape[-1]
-    gdt = _DTYPES[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
-    return (TensorDescriptor.from_tensor(q.reshape(-1, d), [block_m, d], q_layout),
-            TensorDescriptor.from_tensor(k.reshape(-1, d), [block_n, d], kv_layout),
-            TensorDescriptor.from_tensor(v.reshape(-1, d), [block_n, d], kv_layout),
-            TensorDescriptor.from_tensor(do.reshape(-1, d), [block_m, d], q_layout))
+    return q_desc, k_desc, v_desc, TensorDescriptor.from_tensor(do.reshape(-1, d), [block_m, d], q_desc.layout)
 
 
 def gluon_dkdv(q, k, v, do, lse, delta, causal, *, block_m=64, block_n=128, stages=2, num_warps=8, maxnreg=168):
@@ -297,37 +272,22 @@ DQ_SWEEP = [(128, 64, 2, 8, 168), (128, 64, 3, 8, 168), (128, 128, 2, 8, 168), (
 
 
 def compile_only(args) -> int:
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from compile_sm90 import compile_gluon, report
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from gluon_attention import _ptxas_notes
-
-    failed = 0
+    ok = True
     for d in (64, 128):
         for causal in (True, False):
             for fn, (bm, bn, stages, warps, regs) in ([(_attn_bwd_dkdv_ws, c) for c in SWEEP]
                                                       + [(_attn_bwd_dq_ws, c) for c in DQ_SWEEP]):
-                x = torch.empty(256, d, dtype=torch.bfloat16)
-                descs = _descriptors(x, x, x, x, bm, bn)
-                consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, num_warps=warps)
-                f32 = torch.empty(4)
+                x, f32 = torch.empty(256, d, dtype=torch.bfloat16), torch.empty(4)
                 outs = [x, x] if fn is _attn_bwd_dkdv_ws else [x]
-                values = dict(zip(fn.arg_names, [*descs, f32, f32, *outs, 0.5, 0.5, 256, 1, 1]))
-                sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
-                src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+                example = [*_descriptors(x, x, x, x, bm, bn), f32, f32, *outs, 0.5, 0.5, 256, 1, 1]
+                consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, num_warps=warps)
                 name = (f"{'dK/dV' if fn is _attn_bwd_dkdv_ws else 'dQ'}: d {d}, causal {causal}, {bm}×{bn}, "
                         f"{stages} stages, {warps} warps, maxnreg {regs}")
-                try:
-                    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
-                                                                                      "maxnreg": regs})
-                    print(f"{name}: compiled, shared {k.metadata.shared / 1024:.0f} KiB; ptxas: {_ptxas_notes(k)}",
-                          flush=True)
-                except Exception as e:  # noqa: BLE001 - print what failed and go on
-                    failed += 1
-                    print(f"{name}: FAILED {type(e).__name__}: {e}"[:3000], flush=True)
-    return 1 if failed else 0
+                ok &= report(name, lambda: compile_gluon(fn, example, consts, num_warps=warps, maxnreg=regs))
+    return 0 if ok else 1
 
 
 def check_and_time(args) -> int:

@@ -66,7 +66,7 @@ class Config:
 # GPU check: asked for by name (the probe, the tests) until it has.
 CONFIGS = {128: Config(128, 128, 3, 1, 8, 168)}
 D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
-_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
 TRITON_RELEASES = ("3.6",)
@@ -230,6 +230,23 @@ def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """The mbarriers between a load partition and its consumer, initialised: one for the tiles loaded once,
+    and for each of the ring's STAGES slots, the ready barriers of its two tiles and its empty barrier."""
+    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_a = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready_b = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(once, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_a.index(i), count=1)
+        mbarrier.init(ready_b.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    return once, ready_a, ready_b, empty
+
+
+@gluon.jit
 def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, num_warps: gl.constexpr):
@@ -253,16 +270,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
-    fence_async_shared()
+    q_bar, k_ready, v_ready, kv_empty = ring_barriers(STAGES)
 
     gl.warp_specialize([
         (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0 + start_m,
@@ -276,7 +284,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
 def descriptors(q, k, v, block_m: int, block_n: int):
     """TMA descriptors over q, k, v seen as [rows, d] (rows = batch·heads·sequence)."""
     d = q.shape[-1]
-    gdt = _DTYPES[q.dtype]
+    gdt = DTYPES[q.dtype]
     q_desc = TensorDescriptor.from_tensor(q.reshape(-1, d), [block_m, d],
                                           gl.NVMMASharedLayout.get_default_for([block_m, d], gdt))
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gdt)
@@ -293,7 +301,7 @@ def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Confi
     d, n = q4.shape[-1], q4.shape[-2]
     config = config or CONFIGS.get(d)
     return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.numel() > 0
-            and q4.shape[0] * q4.shape[1] <= MAX_GRID_Y and q4.dtype in _DTYPES
+            and q4.shape[0] * q4.shape[1] <= MAX_GRID_Y and q4.dtype in DTYPES
             and k4.dtype == q4.dtype and v4.dtype == q4.dtype
             and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
             and k4.shape[0] == q4.shape[0] and q4.shape[1] % k4.shape[1] == 0
