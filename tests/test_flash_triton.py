@@ -460,13 +460,15 @@ def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_results_are_deterministic():
+@pytest.mark.parametrize("n, d", [(1500, 64), (1024, 128)])  # d 128 x 1024: where the Gluon one launch runs
+def test_gpu_results_are_deterministic(n, d):
+    """deterministic=True: bitwise the same twice, also where the default would take the atomic backward."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 1500, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     runs = []
     for _ in range(2):
-        out = FlashAttentionTriton.apply(q, k, v, True)
+        out = FlashAttentionTriton.apply(q, k, v, True, True)
         runs.append((out, *torch.autograd.grad(out, (q, k, v), do)))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
@@ -586,13 +588,41 @@ def test_gluon_config_refuses_what_would_hang_or_miscompute(args, message):
     assert gluon.Config(64, 128, 1, 0, 4, 128)  # one stage is fine when nothing is pipelined
 
 
-def test_gluon_policy_runs_the_tl_forward_where_gluon_cannot():
-    """Policy(gluon=True) off a Hopper GPU (here: the interpreter) runs the tl forward, same results."""
+def test_gluon_policy_runs_the_tl_kernels_where_gluon_cannot():
+    """Policy(gluon=True) off a Hopper GPU (here: the interpreter) runs the tl forward and, with the default
+    deterministic=None, the atomics-free tl backward: same results."""
     policy = replace(flash_triton.default_policy(), gluon=True)
+    assert policy.deterministic is None
     q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=3)
     _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
     if DEVICE == "cpu":
         assert not policy.ran["fwd"].startswith("gluon")
+        assert "bwd" not in policy.ran and {"dq", "dkdv"} <= set(policy.ran)
+
+
+def test_gluon_backward_takes_only_what_it_computes():
+    """The one-launch backward: d 128 only (d 64 measured slower than the tl kernels), the forward's other
+    conditions with its own tiles, and dO like q."""
+    gluon = _gluon_module()
+    x = torch.zeros(2, 4, 256, 128, dtype=torch.bfloat16)
+    config = gluon.BWD_CONFIGS[128]
+    assert gluon.supports(x, x, x, config)
+    assert not gluon.usable_backward(x, x, x, x)  # not on a CPU
+    d64 = torch.zeros(2, 4, 256, 64, dtype=torch.bfloat16)
+    assert 64 not in gluon.BWD_CONFIGS
+    odd = torch.zeros(2, 4, 192, 128, dtype=torch.bfloat16)  # a multiple of 64, not of the 128-key tiles
+    assert not gluon.supports(odd, odd, odd, config)
+    assert gluon.supports(d64, d64, d64, gluon.BwdConfig(64, 64, 2, 4, 168))
+
+
+@pytest.mark.parametrize("args, message", [((128, 128, 2, 8, 168), "needs 64 × 16·warps"),
+                                           ((64, 64, 2, 8, 168), "needs 64 × 16·warps"),
+                                           ((64, 128, 0, 8, 168), "needs 64 × 16·warps"),
+                                           ((64, 128, 2, 8, 200), "register file")])
+def test_gluon_backward_config_refuses_what_cannot_launch(args, message):
+    gluon = _gluon_module()
+    with pytest.raises(ValueError, match=message):
+        gluon.BwdConfig(*args)
 
 
 # (leading dims, Hq, Hkv, n, d, causal, dtype): shapes the Gluon forward takes (n a multiple of 128)
@@ -610,18 +640,22 @@ GLUON_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GLUON_CASES)
-def test_gpu_gluon_forward_matches_float64(case):
-    """The Gluon forward's O and L, and the (unchanged) backward's gradients from its L, against float64."""
+def test_gpu_gluon_forward_and_backward_match_float64(case):
+    """The Gluon forward's O and L, and the gradients of the Gluon one-launch backward (d 128, the default
+    policy) or the tl backward from the Gluon forward's L, against float64."""
     if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon forward is for Hopper")
-    _gluon_module()
+        pytest.skip("the Gluon kernels are for Hopper")
     gluon = _gluon_module()
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
-    if d in gluon.CONFIGS:  # through flash-triton, the backward from the Gluon forward's L
+    if d in gluon.CONFIGS:  # through flash-triton
         policy = replace(flash_triton.default_policy(), gluon=True)
         _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
         assert policy.ran["fwd"].startswith("gluon")
+        assert policy.ran["bwd"].startswith("gluon") == (d in gluon.BWD_CONFIGS), policy.ran
+        deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
+        _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
+        assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
         return
     q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]).to(DEVICE) for x in (q, k, v))  # d 64: D64_CONFIG by name
     o4, lse = torch.empty_like(q4), torch.empty(q4.shape[:-1], dtype=torch.float32, device=DEVICE)

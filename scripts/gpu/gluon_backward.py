@@ -1,25 +1,21 @@
-"""flash-triton's backward kernels in Gluon for Hopper (issue 12). A probe, not yet run on a GPU.
+"""flash-triton's backward in Gluon for Hopper (issue 12): checks against float64 and times, at the
+leaderboard shape, the one-launch backward that flash-triton runs at d 128 (lmsys.kernels.flash_gluon:
+`_attn_bwd_ws`, dQ by TMA bulk reduce-adds) at several tiles, and two deterministic kernels measured
+slower than the tl ones (docs/benchmarks/attention.md, sixth session), kept as the base of that lever:
 
-Where flash-triton loses most to cuDNN is the backward (d 64: 3.58 against 3.14 ms), and most of the
-backward is the dK/dV kernel. This is that kernel with the forward's structure (lmsys.kernels.flash_gluon):
+- `_attn_bwd_dkdv_ws`, one program per key tile: the one-launch kernel's load partition (K and V once, Q
+  and dO of each query tile through the ring) and a compute partition (8 warps: two warp groups, 64 keys
+  each) that runs Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2 e − L·log2 e) (masked on the causal diagonal),
+  dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dK += dSᵀ Q as wgmma with Pᵀ and dSᵀ in registers as the
+  A operands (dV and dPᵀ issued together);
+- `_attn_bwd_dq_ws`, one program per query tile, the same the other way round (Q and dO once, K and V
+  through the ring; S and dP issued together, dQ += dS K).
 
-- a load partition, one warp with 24 registers: K and V of this program's key tile once, then Q and dO of
-  each query tile that sees those keys (every query head of the key/value head's group) through a ring of
-  STAGES shared buffers, with ready/empty mbarriers;
-- the compute partition (8 warps: two warp groups, 64 keys each), per query tile, all products as wgmma:
-  Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2 e − L·log2 e) (masked on the causal diagonal), dV += Pᵀ dO,
-  dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dK += dSᵀ Q; Pᵀ and dSᵀ stay in registers as the A operands.
-  The dV and dPᵀ products are issued together. Nothing else overlaps yet: the simple version first.
-
-The dQ kernel (`_attn_bwd_dq_ws`, one program per query tile) has the same shape the other way round: Q and
-dO once, K and V through the ring; S = Q Kᵀ and dP = dO Vᵀ issued together, dQ += dS K.
-
-Both read L (the forward's natural-log logsumexp) and D = rowsum(dO ∘ O) as flash-triton's backward does,
-and compute what `flash_triton._attn_bwd_dkdv` and `_attn_bwd_dq` compute (deterministic, no atomics), for bf16/fp16,
-d 64 or 128, n_q = n_k a multiple of the tiles, contiguous, grouped-query allowed.
+All read L (the forward's natural-log logsumexp) and D = rowsum(dO ∘ O), for bf16/fp16, d 64 or 128,
+n_q = n_k a multiple of the tiles, contiguous, grouped-query allowed.
 
     PYTHONPATH=src python scripts/gpu/gluon_backward.py --compile-only   # CPU, triton 3.6: compile + ptxas
-    PYTHONPATH=src python scripts/gpu/gluon_backward.py                  # an H100/H200: check, then time
+    PYTHONPATH=src python scripts/gpu/gluon_backward.py [--fused-only]   # an H100/H200: check, then time
 """
 from __future__ import annotations
 
@@ -34,27 +30,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from lmsys.kernels import flash_gluon
 from lmsys.kernels.flash_gluon import LOG2E, descriptors, ring_barriers
-
-
-@gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready,
-                    empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M: gl.constexpr,
-                    STAGES: gl.constexpr):
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
-    per_head = n_m - first_m
-    for t in range(GROUP * per_head):  # (query head of the group, query tile) in order
-        s = t % STAGES
-        phase = (t // STAGES) & 1
-        row = q_row0 + (t // per_head) * N_CTX + (first_m + t % per_head) * BLOCK_M
-        mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start with phase 1 complete: no wait at first
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, 0], q_ready.index(s), q_smem.index(s))
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, 0], do_ready.index(s), do_smem.index(s))
-
+from lmsys.kernels.flash_gluon import _bwd_load_partition as _load_partition
 
 @gluon.jit
 def _compute_partition(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, empty, L, Delta, DK, DV,
@@ -265,10 +243,24 @@ def gluon_dq(q, k, v, do, lse, delta, causal, *, block_m=128, block_n=64, stages
     return dq
 
 
+def gluon_fused(q, k, v, do, lse, delta, causal, *, block_m=64, block_n=128, stages=2, num_warps=8, maxnreg=168):
+    """(dQ, dK, dV) from flash_gluon's one-launch backward (dQ by TMA reduce-adds into float32)."""
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    flash_gluon.backward(q, k, v, do, lse, delta, dq, dk, dv, causal,
+                         flash_gluon.BwdConfig(block_m, block_n, stages, num_warps, maxnreg))
+    return dq.to(q.dtype), dk, dv
+
+
 # (BLOCK_M, BLOCK_N, STAGES, warps, maxnreg); dK/dV: BLOCK_N = 16·warps (keys per warp group's rows)
 SWEEP = [(64, 128, 2, 8, 168), (64, 128, 3, 8, 168), (32, 128, 3, 8, 168), (64, 64, 2, 4, 128)]
 # dQ: BLOCK_M = 16·warps (queries)
 DQ_SWEEP = [(128, 64, 2, 8, 168), (128, 64, 3, 8, 168), (128, 128, 2, 8, 168), (64, 64, 3, 4, 128)]
+# one launch (flash_gluon.BwdConfig): BLOCK_M = 64 (dQ's rows: one warp group's m64), BLOCK_N = 16·warps
+FUSED_SWEEP = [(64, 128, 2, 8, 168), (64, 128, 1, 8, 168), (64, 64, 2, 4, 168)]
+
+
+KERNEL_NAMES = {_attn_bwd_dkdv_ws: "dkdv", _attn_bwd_dq_ws: "dq", flash_gluon._attn_bwd_ws: "fused"}
 
 
 def compile_only(args) -> int:
@@ -279,12 +271,18 @@ def compile_only(args) -> int:
     for d in (64, 128):
         for causal in (True, False):
             for fn, (bm, bn, stages, warps, regs) in ([(_attn_bwd_dkdv_ws, c) for c in SWEEP]
-                                                      + [(_attn_bwd_dq_ws, c) for c in DQ_SWEEP]):
+                                                      + [(_attn_bwd_dq_ws, c) for c in DQ_SWEEP]
+                                                      + [(flash_gluon._attn_bwd_ws, c) for c in FUSED_SWEEP]):
+                if args.kernels and KERNEL_NAMES[fn] not in args.kernels.split(","):
+                    continue
                 x, f32 = torch.empty(256, d, dtype=torch.bfloat16), torch.empty(4)
-                outs = [x, x] if fn is _attn_bwd_dkdv_ws else [x]
-                example = [*_descriptors(x, x, x, x, bm, bn), f32, f32, *outs, 0.5, 0.5, 256, 1, 1]
+                dq_desc = TensorDescriptor.from_tensor(torch.empty(256, d), [bm, d],
+                                                       gl.NVMMASharedLayout.get_default_for([bm, d], gl.float32))
+                descs = _descriptors(x, x, x, x, bm, bn)
+                example = {_attn_bwd_dkdv_ws: [*descs, f32, f32, x, x], _attn_bwd_dq_ws: [*descs, f32, f32, x],
+                           flash_gluon._attn_bwd_ws: [*descs, dq_desc, f32, f32, x, x]}[fn] + [0.5, 0.5, 256, 1, 1]
                 consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, num_warps=warps)
-                name = (f"{'dK/dV' if fn is _attn_bwd_dkdv_ws else 'dQ'}: d {d}, causal {causal}, {bm}×{bn}, "
+                name = (f"{KERNEL_NAMES[fn]}: d {d}, causal {causal}, {bm}×{bn}, "
                         f"{stages} stages, {warps} warps, maxnreg {regs}")
                 ok &= report(name, lambda: compile_gluon(fn, example, consts, num_warps=warps, maxnreg=regs))
     return 0 if ok else 1
@@ -310,7 +308,7 @@ def check_and_time(args) -> int:
         if causal:
             s = s.masked_fill(torch.ones(N, N, device=dev, dtype=torch.bool).triu(1), float("-inf"))
         ref_dq, ref_dk, ref_dv = torch.autograd.grad(torch.softmax(s, -1) @ vr, (q64, k64, v64), do.double())
-        for bm, bn, stages, warps, regs in DQ_SWEEP:
+        for bm, bn, stages, warps, regs in [] if args.fused_only else DQ_SWEEP:
             dq = gluon_dq(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
                           maxnreg=regs)
             err = ((dq.double() - ref_dq).norm() / ref_dq.norm()).item()
@@ -318,6 +316,18 @@ def check_and_time(args) -> int:
                   f"rel err {err:.2e} {'ok' if err < 2e-2 else 'FAIL'}", flush=True)
             if err >= 2e-2:
                 return 1
+        for bm, bn, stages, warps, regs in FUSED_SWEEP:
+            grads = gluon_fused(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
+                                num_warps=warps, maxnreg=regs)
+            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(grads, (ref_dq, ref_dk, ref_dv))]
+            ok = max(errs) < 2e-2
+            print(f"check Z{Z} H{H}/{Hkv} N{N} d{d} causal {causal} fused {bm}×{bn} {stages} st {warps} warps "
+                  f"{regs} regs: dQ rel err {errs[0]:.2e}, dK {errs[1]:.2e}, dV {errs[2]:.2e} "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                return 1
+        if args.fused_only:
+            continue
         for bm, bn, stages, warps, regs in SWEEP:
             dk, dv = gluon_dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
                                 num_warps=warps, maxnreg=regs)
@@ -337,12 +347,17 @@ def check_and_time(args) -> int:
         dkdv_flops = bwd_flops * 4 / 5  # TFLOP/s of a kernel alone: its products (dK/dV four, dQ three) of five
         rows = {"flash-triton backward (dQ + dK/dV kernels)":
                 (lambda: flash_triton.flash_backward(q, k, v, o, lse, do, True), bwd_flops)}
-        for bm, bn, stages, warps, regs in DQ_SWEEP:
+        for bm, bn, stages, warps, regs in FUSED_SWEEP:  # D = rowsum(dO ∘ O) included
+            rows[f"gluon one launch (TMA reduce-add dQ), {bm}×{bn}, {stages} st, {warps} warps"] = (
+                lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_fused(
+                    q, k, v, do, lse, (o.float() * do.float()).sum(-1), True, block_m=bm, block_n=bn,
+                    stages=stages, num_warps=warps, maxnreg=regs), bwd_flops)
+        for bm, bn, stages, warps, regs in [] if args.fused_only else DQ_SWEEP:
             rows[f"gluon dQ alone, {bm}×{bn}, {stages} st, {warps} warps"] = (
                 lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_dq(
                     q, k, v, do, lse, delta, True, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
                     maxnreg=regs), bwd_flops * 3 / 5)
-        for bm, bn, stages, warps, regs in SWEEP:
+        for bm, bn, stages, warps, regs in [] if args.fused_only else SWEEP:
             rows[f"gluon dK/dV alone, {bm}×{bn}, {stages} st, {warps} warps"] = (
                 lambda bm=bm, bn=bn, stages=stages, warps=warps, regs=regs: gluon_dkdv(
                     q, k, v, do, lse, delta, True, block_m=bm, block_n=bn, stages=stages, num_warps=warps,
@@ -359,6 +374,8 @@ def check_and_time(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--kernels", default="", help="dkdv,dq,fused (default: all)")
+    p.add_argument("--fused-only", action="store_true", help="check and time the one-launch kernel alone")
     args = p.parse_args(argv)
     if args.compile_only:
         os.environ.pop("TRITON_INTERPRET", None)

@@ -11,7 +11,13 @@ triton wheel) lets the kernel say them, with a register budget per role (setmaxn
   PIPELINE 1 issues the next tile's QKᵀ before this tile's exponentials; PIPELINE 2 is FlashAttention-3's
   order, QKᵀ of tile j and PV of tile j-1 issued together and the softmax of tile j under both.
 
-It computes what `flash_triton._attn_fwd` computes (O, and L = the natural-log logsumexp that the
+The backward (`backward`, FlashAttention-3's one launch) has the same roles: per key tile, the load warp
+brings K and V once and Q, dO of every query tile through the ring; the compute partition (two warp
+groups, 64 keys each) runs the five products as wgmma (Sᵀ, dPᵀ, dV += Pᵀ dO, dK += dSᵀ Q, and dQ_tile =
+dS K with dSᵀ through shared memory) and adds each float32 dQ tile to dQ with one TMA bulk reduce-add from
+shared memory. The adds' order varies: not bitwise reproducible (`flash_triton.Policy.deterministic`).
+
+The forward computes what `flash_triton._attn_fwd` computes (O, and L = the natural-log logsumexp that the
 backward reads) for the shapes `usable` accepts; `flash_triton.flash_forward` runs it there when the
 policy asks (`Policy.gluon`) and the tl kernel everywhere else. Measured against the tl forward and
 cuDNN in docs/benchmarks/attention.md; scripts/gpu/gluon_attention.py sweeps its configs, and compiles
@@ -24,8 +30,10 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                 warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -66,6 +74,31 @@ class Config:
 # GPU check: asked for by name (the probe, the tests) until it has.
 CONFIGS = {128: Config(128, 128, 3, 1, 8, 168)}
 D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The backward's launch configuration: BLOCK_M query rows per step (one warp group's m64 for the dQ
+    tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's depth, and
+    maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up to one)."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    warps: int
+    maxnreg: int
+
+    def __post_init__(self):
+        if self.block_m != 64 or self.block_n != 16 * self.warps or self.stages < 1:
+            raise ValueError(f"backward tiles {self.block_m}×{self.block_n} with {self.warps} warps, "
+                             f"{self.stages} stages: needs 64 × 16·warps and a stage")
+        if self.maxnreg * 128 * (self.warps // 4 + 1) > 65536:
+            raise ValueError(f"maxnreg {self.maxnreg} does not fit {self.warps} + 4 warps in the register file")
+
+
+# d 128: 5.89 ms against the tl backward's 6.68 at the leaderboard shape (docs/benchmarks/attention.md,
+# sixth session); d 64 ran 4.38 against 3.66 with these tiles, so it keeps the tl kernels.
+BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
@@ -281,6 +314,140 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
     ], [1], [24])
 
 
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[coord] += shared `src`, one TMA bulk reduce-add (cp.reduce.async.bulk.tensor). Triton 3.6 has
+    the op (GluonOpBuilder.create_async_tma_reduce) without a Gluon name; 3.8 calls it tma.async_atomic_add."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                        do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M: gl.constexpr,
+                        STAGES: gl.constexpr):
+    """K and V of the program's key tile once; then Q and dO of each query tile that sees them, for every
+    query head of the key/value head's group, through the ring."""
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
+    per_head = n_m - first_m
+    for t in range(GROUP * per_head):  # (query head of the group, query tile) in order
+        s = t % STAGES
+        phase = (t // STAGES) & 1
+        row = q_row0 + (t // per_head) * N_CTX + (first_m + t % per_head) * BLOCK_M
+        mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start with phase 1 complete: no wait at first
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], q_ready.index(s), q_smem.index(s))
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, 0], do_ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, empty, L,
+                           Delta, DK, DV, dq_desc, lse_row0, start_n, first_m, n_m, GROUP, N_CTX, dk_row, qk_scale,
+                           sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])  # Sᵀ, dPᵀ [BN, BM]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])  # dK, dV [BN, d]
+    WG: gl.constexpr = num_warps // 4  # dQ [BM, d]: BM = 64 is one warp group's m64; the groups split d
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                        instr_shape=[16, HEAD_DIM // WG, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = k_smem.dtype
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    mbarrier.wait(kv_bar, 0)
+    per_head = n_m - first_m
+    for t in range(GROUP * per_head):
+        s = t % STAGES
+        phase = (t // STAGES) & 1
+        start_m = (first_m + t % per_head) * BLOCK_M
+        row = lse_row0 + (t // per_head) * N_CTX + start_m
+        cols_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        lse2 = gl.load(L + row + cols_m) * 1.4426950408889634  # natural log to log2
+        delta = gl.load(Delta + row + cols_m)
+
+        mbarrier.wait(q_ready.index(s), phase)
+        st_tok = warpgroup_mma(k_smem, q_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(0, deps=[st_tok])
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if CAUSAL:
+            pt = gl.where(start_m + cols_m[None, :] >= offs_n[:, None], pt, 0.0)  # (no-op below the diagonal)
+        mbarrier.wait(do_ready.index(s), phase)
+        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dv, dpt = warpgroup_mma_wait(0, deps=[dv_tok, dpt_tok])
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(dst, a_layout), q_smem.index(s), dk, is_async=True)
+        # two dSᵀ and two dQ buffers: a warp group one tile ahead never overwrites one still being read
+        ds_buf = ds_smem.index(t % 2)
+        tma.store_wait(1)  # the reduce of tile t-2 has read dq_smem[t % 2] (its issuing thread; the barrier tells all)
+        ds_buf.store(dst)
+        fence_async_shared()
+        gl.thread_barrier()  # both warp groups' rows of dSᵀ are in place
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+        dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
+        mbarrier.arrive(empty.index(s), count=1)
+        dq_buf = dq_smem.index(t % 2)
+        dq_buf.store(dq * sm_scale)
+        fence_async_shared()
+        gl.thread_barrier()  # both warp groups' columns of the dQ tile are in place
+        _tma_reduce_add(dq_desc, [row, 0], dq_buf)
+
+    tma.store_wait(0)  # the last reduces have read their tiles before the program ends
+    dk = dk * sm_scale
+    rows = dk_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    gl.store(DK + offs, dk.to(dtype))
+    gl.store(DV + offs, dv.to(dtype))
+
+
+@gluon.jit
+def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_scale, sm_scale, N_CTX, H, GROUP,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (key tile, batch·key/value head): dK, dV of its keys, and its share of dQ added to
+    the float32 dQ (zeroed) behind dq_desc. q, dO, dQ as [Z·H·N, d], k, v, dK, dV as [Z·(H/GROUP)·N, d],
+    L and D as [Z·H·N]."""
+    start_n = gl.program_id(0) * BLOCK_N
+    zhk = gl.program_id(1)
+    h_kv = H // GROUP
+    kv_row = zhk * N_CTX + start_n
+    q_row0 = ((zhk // h_kv) * H + (zhk % h_kv) * GROUP) * N_CTX  # the group's first query head, row 0
+    n_m = N_CTX // BLOCK_M
+    if CAUSAL:
+        first_m = start_n // BLOCK_M  # earlier query tiles see none of these keys
+    else:
+        first_m = 0
+
+    dtype: gl.constexpr = k_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar, q_ready, do_ready, empty = ring_barriers(STAGES)
+
+    gl.warp_specialize([
+        (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
+                                  empty, L, Delta, DK, DV, dq_desc, q_row0, start_n, first_m, n_m, GROUP, N_CTX,
+                                  kv_row, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                  num_warps)),
+        (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                               do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M, STAGES)),
+    ], [1], [24])
+
+
 def descriptors(q, k, v, block_m: int, block_n: int):
     """TMA descriptors over q, k, v seen as [rows, d] (rows = batch·heads·sequence)."""
     d = q.shape[-1]
@@ -325,4 +492,28 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
                                           H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d,
                                           STAGES=c.stages, CAUSAL=bool(is_causal), PIPELINE=c.pipeline,
                                           num_warps=c.warps, maxnreg=c.maxnreg)
+    return f"gluon {c.block_m}×{c.block_n}"
+
+
+def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None) -> bool:
+    """Whether `backward` runs these [Z, H, N, d] inputs: `usable`'s conditions with the backward's tiles
+    (by default BWD_CONFIGS' for the head dim: d 128 only), dO contiguous and aligned like q."""
+    config = config or BWD_CONFIGS.get(q4.shape[-1])
+    return (config is not None and usable(q4, k4, v4, config) and do4.shape == q4.shape
+            and do4.dtype == q4.dtype and do4.is_contiguous() and do4.data_ptr() % 16 == 0)
+
+
+def backward(q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal: bool, config: BwdConfig | None = None) -> str:
+    """dK, dV into dk4, dv4 and dQ added into dq32 (float32, [Z, H, N, d], zeroed), from L and D = rowsum(dO ∘ O)
+    ([Z, H, N] float32, contiguous), for inputs `usable_backward` accepted; the tiles it ran."""
+    Z, H, n, d = q4.shape
+    c = config or BWD_CONFIGS[d]
+    q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m, c.block_n)
+    do_desc = TensorDescriptor.from_tensor(do4.reshape(-1, d), [c.block_m, d], q_desc.layout)
+    dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
+                                           gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
+    _attn_bwd_ws[(n // c.block_n, Z * k4.shape[1])](
+        q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
+        n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
+        CAUSAL=bool(is_causal), num_warps=c.warps, maxnreg=c.maxnreg)
     return f"gluon {c.block_m}×{c.block_n}"

@@ -4,7 +4,8 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
 - Forward, one program per (query tile, query head): walk the key/value tiles with the online softmax in
   base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
   write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
-- Backward, deterministic (the default): a dQ kernel, one program per query tile, that computes its rows
+- Backward, deterministic (the default where lmsys.kernels.flash_gluon's one-launch backward does not run:
+  everywhere but Hopper at d 128, and wherever `deterministic=True` is asked for): a dQ kernel, one program per query tile, that computes its rows
   of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV kernel, one program per (key
   tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q). No atomics. With
   `deterministic=False` a preprocess kernel computes D, then one launch does the rest: the dK/dV programs
@@ -396,8 +397,11 @@ class Policy:
     pick: None = Triton's autotuner over CONFIGS (each fitting config timed once per shape, cached); an
       int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
     configs: per-kernel lists that `pick` chooses from instead of CONFIGS (needs a pick).
-    deterministic: True = dK/dV and dQ in two atomics-free kernels (bitwise reproducible); False = one
-      launch that also accumulates dQ in float32 with atomics.
+    deterministic: None (the default) = the fastest measured for the shape: the Gluon one-launch backward
+      where `flash_gluon.usable_backward` takes the inputs (Hopper, d 128; not bitwise reproducible), the
+      two atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise
+      reproducible); False = one launch that also accumulates dQ in float32 with atomics (the Gluon one
+      where it runs when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
       tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
       the pointer path otherwise.
@@ -410,8 +414,8 @@ class Policy:
     gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
       the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 128, n_q == n_k a
       multiple of its tiles, contiguous; triton 3.6); the tl forward elsewhere. Where it runs, the tl
-      forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply; the
-      backward is the same either way.
+      forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply. The
+      backward's one launch runs there too unless `deterministic` is True.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -419,7 +423,7 @@ class Policy:
 
     pick: int | None = None
     configs: dict | None = None
-    deterministic: bool = True
+    deterministic: bool | None = None
     tma: bool = False
     tma_backward: bool = False
     warp_specialize: bool = False
@@ -932,7 +936,9 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
     if lse3.stride() != (H * n_q, n_q, 1):
         lse3 = lse3.contiguous()
     delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
-    atomic = not policy.deterministic
+    gluon = _gluon() if policy.gluon and policy.deterministic is not True else None
+    gluon = gluon if gluon is not None and gluon.usable_backward(q4, k4, v4, do4) else None
+    atomic = policy.deterministic is False or gluon is not None
     dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q.dtype,
                                                     device=q.device)
     dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k.dtype, device=q.device)
@@ -957,7 +963,10 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
             _attn_bwd_preprocess[(_cdiv(n_q, pre_block), H, Z)](
                 o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d,
                 HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=pre_block)
-        else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
+        if gluon is not None:
+            policy.ran["bwd"] = gluon.backward(q4, k4, v4, do4, lse3, delta, dq4, dk4, dv4, is_causal)
+            return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+        if not atomic:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
             _launch("dq", grid_queries,
                     (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                      *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts,
@@ -978,7 +987,8 @@ class FlashAttentionTriton(torch.autograd.Function):
     """`FlashAttentionTriton.apply(q, k, v, is_causal=False, deterministic=None, policy=None)`:
     q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv (or [..., n, d] alike).
 
-    deterministic: None = the policy's (default_policy(): True); True = the atomics-free backward.
+    deterministic: None = the policy's (default_policy(): the fastest measured backward for the shape);
+    True = the atomics-free backward (bitwise reproducible); False = the one-launch atomic backward.
     Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else."""
 
     @staticmethod
