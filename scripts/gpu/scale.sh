@@ -13,6 +13,8 @@
 #          without fewer NCCL CTAs (NCCL's channel count goes to carve_default.log: NCCL_DEBUG=INIT)
 #   ce    DDP's copy-engine lever: the 2-GPU tests, then bucketed (NCCL) vs +copy-engine vs torch-ddp
 #         three times (medians), and copy-engine with 100 MiB buckets
+#   ceprobe  where the copy-engine all-reduce's time goes (scripts/gpu/ce_probe.py: its pieces alone and
+#            beside matmuls, pull against push, NCCL for scale)
 #   reps  item 4's median: three rounds of {1 process, bucketed, torch-ddp}
 #   repcomm  item 7's median: three rounds of the four collectives at 1 GB with the bare loop
 # PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above.
@@ -80,6 +82,10 @@ if part ce; then
   done
   [ $ce_ok = 1 ] && have_time && timeout 90 python3 -m pytest -q -rA tests/test_distributed_gpu.py -k "not copy_engine" \
     > "$OUT/gpu_tests.log" 2>&1  # the other 2-GPU tests, after the tables
+fi
+if part ceprobe; then
+  echo "+ [$((SECONDS - START))s] ce_probe"
+  timeout 150 python3 scripts/gpu/ce_probe.py > "$OUT/ce_probe.md" 2>&1 || echo "ce_probe failed: $?" | tee -a "$OUT/failures.txt"
 fi
 if part reps || part repcomm; then
   for r in 1 2 3; do
