@@ -78,8 +78,8 @@ D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """The backward's launch configuration: BLOCK_M query rows per step (one warp group's m64 for the dQ
-    tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's depth, and
+    """The backward's launch configuration: BLOCK_M query rows per step (64 or 128: an m64 per warp group
+    for the dQ tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's depth, and
     maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up to one)."""
 
     block_m: int
@@ -89,9 +89,11 @@ class BwdConfig:
     maxnreg: int
 
     def __post_init__(self):
-        if self.block_m != 64 or self.block_n != 16 * self.warps or self.stages < 1:
+        if (self.block_m not in (64, 128) or (self.warps // 4) % (self.block_m // 64)
+                or self.block_n != 16 * self.warps or self.stages < 1):
             raise ValueError(f"backward tiles {self.block_m}×{self.block_n} with {self.warps} warps, "
-                             f"{self.stages} stages: needs 64 × 16·warps and a stage")
+                             f"{self.stages} stages: needs 64 or 128 (an m64 per warp group) × 16·warps "
+                             "and a stage")
         if self.maxnreg * 128 * (self.warps // 4 + 1) > 65536:
             raise ValueError(f"maxnreg {self.maxnreg} does not fit {self.warps} + 4 warps in the register file")
 
@@ -352,9 +354,11 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
                                                         instr_shape=[16, BLOCK_M, 16])  # Sᵀ, dPᵀ [BN, BM]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])  # dK, dV [BN, d]
-    WG: gl.constexpr = num_warps // 4  # dQ [BM, d]: BM = 64 is one warp group's m64; the groups split d
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
-                                                        instr_shape=[16, HEAD_DIM // WG, 16])
+    # dQ [BM, d]: the warp groups take BM / 64 row blocks (an m64 each) and split d between the rest
+    WG_M: gl.constexpr = BLOCK_M // 64
+    WG_N: gl.constexpr = num_warps // 4 // WG_M
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG_M, WG_N],
+                                                        instr_shape=[16, HEAD_DIM // WG_N, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dtype: gl.constexpr = k_smem.dtype
 
