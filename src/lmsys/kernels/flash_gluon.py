@@ -1,4 +1,5 @@
-"""FlashAttention's forward in Gluon for Hopper (H100/H200): the warp roles triton.language cannot say.
+"""FlashAttention's forward and backward in Gluon for Hopper (H100/H200): the warp roles triton.language
+cannot say.
 
 triton.language leaves the warp roles to its compiler; Gluon (triton.experimental.gluon, in the same
 triton wheel) lets the kernel say them, with a register budget per role (setmaxnreg underneath):
@@ -70,8 +71,8 @@ class Config:
 # at the leaderboard shape (H200, triton 3.6), as a multiple of the tl forward's time in the same run
 # (docs/benchmarks/attention.md): d 128, two warp groups with the next QKᵀ under the softmax, 0.915-0.968x
 # in nine runs. D64_CONFIG, one warp group per CTA (two CTAs per SM) in FlashAttention-3's order, ran
-# 0.908-1.031x (median 0.957) with no faster forward+backward, and its K/V ring has not yet wrapped in a
-# GPU check: asked for by name (the probe, the tests) until it has.
+# 0.908-1.031x (median 0.957) with no faster forward+backward: correct in the GPU checks (its K/V ring
+# wrapping too, sixth session), asked for by name (the probe, the tests) until it is measured faster.
 CONFIGS = {128: Config(128, 128, 3, 1, 8, 168)}
 D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
 
@@ -79,8 +80,9 @@ D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
 @dataclass(frozen=True)
 class BwdConfig:
     """The backward's launch configuration: BLOCK_M query rows per step (64 or 128: an m64 per warp group
-    for the dQ tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's depth, and
-    maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up to one)."""
+    for the dQ tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's
+    depth, and maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up
+    to one)."""
 
     block_m: int
     block_n: int

@@ -4,13 +4,14 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
 - Forward, one program per (query tile, query head): walk the key/value tiles with the online softmax in
   base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
   write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
-- Backward, deterministic (the default where lmsys.kernels.flash_gluon's one-launch backward does not run:
-  everywhere but Hopper at d 128, and wherever `deterministic=True` is asked for): a dQ kernel, one program per query tile, that computes its rows
-  of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV kernel, one program per (key
-  tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ Q). No atomics. With
-  `deterministic=False` a preprocess kernel computes D, then one launch does the rest: the dK/dV programs
-  also add dS K into a float32 dQ (TMA reduce-adds where descriptors run, else atomics; the order of the
-  additions, hence the last bits, varies from run to run). Both recompute P = exp(S - L); dS = P ∘ (dP - D).
+- Backward, deterministic (the default everywhere but where lmsys.kernels.flash_gluon's one-launch
+  backward runs, Hopper at d 128; always with `deterministic=True`): a dQ kernel, one program per query
+  tile, that computes its rows of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV
+  kernel, one program per (key tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ
+  Q). No atomics. With `deterministic=False` a preprocess kernel computes D, then one launch does the
+  rest: the dK/dV programs also add dS K into a float32 dQ (TMA reduce-adds where descriptors run, else
+  atomics; the order of the additions, hence the last bits, varies from run to run). Both recompute
+  P = exp(S - L); dS = P ∘ (dP - D).
 - Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
   visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
   are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
