@@ -460,6 +460,29 @@ def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_gluon_backward_takes_the_models_strided_views():
+    """q, k, v split from one projection and dO from a rearrange's backward, as in the model: the one launch
+    runs on contiguous copies (default policy, long enough) and matches float64."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels are for Hopper")
+    _gluon_module()
+    torch.manual_seed(5)
+    n = flash_triton.GLUON_BWD_MIN_KEYS
+    heads = torch.randn(1, 4 + 2 * 2, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = heads.split([4, 2, 2], dim=1)  # strided views, grouped-query
+    policy = flash_triton.default_policy()
+    out = FlashAttentionTriton.apply(q, k, v, True, None, policy)
+    g = torch.randn(1, n, 4 * 128, device="cuda", dtype=torch.bfloat16)
+    (out.transpose(1, 2).reshape(1, n, -1) * g).sum().backward()  # dO arrives as a transposed view
+    assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
+    h64 = heads.detach().double().requires_grad_()
+    q64, k64, v64 = h64.split([4, 2, 2], dim=1)
+    o_ref, _ = reference_attention(q64, k64, v64, True)
+    (o_ref.transpose(1, 2).reshape(1, n, -1) * g.double()).sum().backward()
+    assert _rel(heads.grad, h64.grad) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n, d", [(1500, 64), (1024, 128)])  # d 128 x 1024: where the Gluon one launch runs
 def test_gpu_results_are_deterministic(n, d):
     """deterministic=True: bitwise the same twice, also where the default would take the atomic backward."""
@@ -615,6 +638,55 @@ def test_gluon_backward_takes_only_what_it_computes():
     assert gluon.supports(d64, d64, d64, gluon.BwdConfig(64, 64, 2, 4, 168))
 
 
+class _FakeGluon:
+    """flash_gluon's backward interface, computing in float64 on any device: flash_backward's dispatch to
+    the Gluon one launch (which copies strided inputs, needs D first, and adds into a zeroed float32 dQ),
+    checked where no Hopper GPU runs it."""
+
+    def __init__(self, gluon):
+        self.BWD_CONFIGS, self.calls = gluon.BWD_CONFIGS, []
+        self._supports = gluon.supports
+
+    def usable(self, q4, k4, v4, config=None, layout=True):  # the forward stays the tl one here
+        return False
+
+    def usable_backward(self, q4, k4, v4, do4, config=None, layout=True):
+        config = config or self.BWD_CONFIGS.get(q4.shape[-1])
+        return (config is not None and self._supports(q4, k4, v4, config, layout)
+                and (not layout or do4.is_contiguous()))
+
+    def backward(self, q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal):
+        assert all(x.is_contiguous() for x in (q4, k4, v4, do4)) and dq32.dtype == torch.float32
+        assert not dq32.any()  # zeroed: the kernel adds into it
+        self.calls.append(q4.shape)
+        with torch.enable_grad():  # called from autograd's backward
+            q64, k64, v64 = (x.double().requires_grad_() for x in (q4, k4, v4))
+            o_ref, _ = reference_attention(q64, k64, v64, is_causal)
+            dq, dk, dv = torch.autograd.grad(o_ref, (q64, k64, v64), do4.double())
+        assert _rel(delta, (o_ref.detach() * do4.double()).sum(-1)) < 2e-2  # D is ready (from the bf16 O)
+        dq32.add_(dq.float()), dk4.copy_(dk), dv4.copy_(dv)
+        return "fake 64×128"
+
+
+def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):
+    """deterministic=None: the one launch from GLUON_BWD_MIN_KEYS keys, with strided views copied; True:
+    never; False: at any length. The results match float64 either way, and `ran` names what ran."""
+    fake = _FakeGluon(_gluon_module())
+    monkeypatch.setattr(flash_triton, "_gluon", lambda: fake)
+    q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=11)
+    k, v = (x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in (k, v))  # strided, like the model's
+    expected = []
+    for deterministic, min_keys, gluon in [(None, 4096, False), (None, 128, True), (True, 128, False),
+                                           (False, 4096, True)]:
+        monkeypatch.setattr(flash_triton, "GLUON_BWD_MIN_KEYS", min_keys)
+        policy = flash_triton.default_policy()
+        _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
+        expected += [(1, 4, 128, 128)] * gluon
+        assert fake.calls == expected, (deterministic, min_keys)
+        ran = {kernel for kernel in ("bwd", "dq", "dkdv") if kernel in policy.ran}
+        assert ran == ({"bwd"} if gluon else {"dq", "dkdv"}), (deterministic, min_keys, policy.ran)
+
+
 @pytest.mark.parametrize("args, message", [((128, 64, 2, 4, 168), "needs 64 or 128"),  # one warp group, m128
                                            ((32, 128, 2, 8, 168), "needs 64 or 128"),
                                            ((64, 64, 2, 8, 168), "needs 64 or 128"),
@@ -649,11 +721,12 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     gluon = _gluon_module()
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
-    if d in gluon.CONFIGS:  # through flash-triton
-        policy = replace(flash_triton.default_policy(), gluon=True)
+    if d in gluon.CONFIGS:  # through flash-triton; deterministic=False: the one launch below GLUON_BWD_MIN_KEYS too
+        policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
         _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
         assert policy.ran["fwd"].startswith("gluon")
-        assert policy.ran["bwd"].startswith("gluon") == (d in gluon.BWD_CONFIGS), policy.ran
+        if d in gluon.BWD_CONFIGS:
+            assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
         deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
         _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
         assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran

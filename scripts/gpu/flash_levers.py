@@ -2,9 +2,10 @@
 seq 16384, d 64 and d 128; forward and forward+backward with triton.testing.do_bench (median ms) and
 TFLOP/s (4·b·h·s²·d forward, 2.5× that backward, halved when causal: lmsys.core.flops.attention_flops).
 
-Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (default_policy(), autotuned: on Hopper at d 128 its forward is
-the Gluon kernel), the same with the tl forward (gluon=False), then each lever flipped from the latter alone,
-at the tiles the autotuner chose (one compile per kernel, no re-tuning):
+Rows: sdpa-cudnn, sdpa-flash, flash-triton as shipped (default_policy(), autotuned: on Hopper at d 128 its
+forward and backward are the Gluon kernels), the same with the tl kernels (gluon=False, deterministic=True),
+then each lever flipped from the latter alone, at the tiles the autotuner chose (one compile per kernel,
+no re-tuning):
 deterministic (one backward launch, atomic dQ), tma (tensor-descriptor loads in the forward), tma_backward
 (in both backward kernels), warp_specialize, persistent (forward grid of one program per SM, causal tiles
 heaviest first); "atomic": the one-launch backward autotuned, dQ by TMA reduce-adds and by element-wise
@@ -116,7 +117,7 @@ def main() -> None:
         measure("flash-triton (autotuned, default policy)", triton_impl(ft.default_policy()), d)
         # the levers below are the tl kernels': measured from the default policy with the tl forward (where the
         # Gluon forward runs, the tl forward's levers do not apply), which also tunes that forward
-        shipped = replace(ft.default_policy(), gluon=False)
+        shipped = replace(ft.default_policy(), gluon=False, deterministic=True)  # the tl kernels throughout
         base = measure("flash-triton, tl forward (gluon=False, autotuned)", triton_impl(shipped), d)
         tuned = {name: [tuner.best_config] for name, tuner in ft._tuners().items()}  # the tiles it chose
         fixed = replace(shipped, pick=0, configs=tuned, ran={})

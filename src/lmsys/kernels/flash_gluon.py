@@ -465,12 +465,13 @@ def descriptors(q, k, v, block_m: int, block_n: int):
             TensorDescriptor.from_tensor(v.reshape(-1, d), [block_n, d], kv_layout))
 
 
-def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
+def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None,
+             layout: bool = True) -> bool:
     """Whether the kernel computes these [Z, H, N, d] inputs (device aside) with `config` (by default
     CONFIGS' for their head dim): bf16/fp16 alike, d 64 or 128,
     as many keys as queries and a multiple of the tiles (TMA reads whole tiles, across heads otherwise),
-    contiguous and 16-byte aligned, query heads a multiple of key/value heads, not empty, and at most
-    MAX_GRID_Y batch·heads."""
+    contiguous and 16-byte aligned (with layout=False: whatever their layout, as contiguous copies would
+    be), query heads a multiple of key/value heads, not empty, and at most MAX_GRID_Y batch·heads."""
     d, n = q4.shape[-1], q4.shape[-2]
     config = config or CONFIGS.get(d)
     return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.numel() > 0
@@ -479,14 +480,15 @@ def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Confi
             and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
             and k4.shape[0] == q4.shape[0] and q4.shape[1] % k4.shape[1] == 0
             and n % config.block_m == 0 and n % config.block_n == 0
-            and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q4, k4, v4)))
+            and (not layout or all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q4, k4, v4))))
 
 
-def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None) -> bool:
+def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None,
+           layout: bool = True) -> bool:
     """`supports` on an NVIDIA Hopper GPU (the kernel's wgmma and setmaxnreg are sm_90's; a ROCm build
     reports its own capabilities through the same call)."""
     return (q4.is_cuda and torch.version.hip is None and capability(q4.device)[0] == 9
-            and supports(q4, k4, v4, config))
+            and supports(q4, k4, v4, config, layout))
 
 
 def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) -> str:
@@ -501,12 +503,13 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
     return f"gluon {c.block_m}×{c.block_n}"
 
 
-def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None) -> bool:
+def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None, layout: bool = True) -> bool:
     """Whether `backward` runs these [Z, H, N, d] inputs: `usable`'s conditions with the backward's tiles
-    (by default BWD_CONFIGS' for the head dim: d 128 only), dO contiguous and aligned like q."""
+    (by default BWD_CONFIGS' for the head dim: d 128 only), dO shaped like q, and (unless layout=False) all
+    four contiguous and aligned."""
     config = config or BWD_CONFIGS.get(q4.shape[-1])
-    return (config is not None and usable(q4, k4, v4, config) and do4.shape == q4.shape
-            and do4.dtype == q4.dtype and do4.is_contiguous() and do4.data_ptr() % 16 == 0)
+    return (config is not None and usable(q4, k4, v4, config, layout) and do4.shape == q4.shape
+            and do4.dtype == q4.dtype and (not layout or (do4.is_contiguous() and do4.data_ptr() % 16 == 0)))
 
 
 def backward(q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal: bool, config: BwdConfig | None = None) -> str:

@@ -398,11 +398,12 @@ class Policy:
     pick: None = Triton's autotuner over CONFIGS (each fitting config timed once per shape, cached); an
       int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
     configs: per-kernel lists that `pick` chooses from instead of CONFIGS (needs a pick).
-    deterministic: None (the default) = the fastest measured for the shape: the Gluon one-launch backward
-      where `flash_gluon.usable_backward` takes the inputs (Hopper, d 128; not bitwise reproducible), the
-      two atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise
-      reproducible); False = one launch that also accumulates dQ in float32 with atomics (the Gluon one
-      where it runs when `gluon` is on, the tl one elsewhere).
+    deterministic: None (the default) = the fastest measured for the shape: with `gluon` on, the Gluon
+      one-launch backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 128; strided
+      views copied) and there are at least GLUON_BWD_MIN_KEYS keys (not bitwise reproducible), the two
+      atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
+      False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
+      when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
       tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
       the pointer path otherwise.
@@ -416,7 +417,8 @@ class Policy:
       the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 128, n_q == n_k a
       multiple of its tiles, contiguous; triton 3.6); the tl forward elsewhere. Where it runs, the tl
       forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply. The
-      backward's one launch runs there too unless `deterministic` is True.
+      Gluon one-launch backward runs there too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at
+      any length with False, never with True.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
@@ -435,6 +437,10 @@ class Policy:
 
 # What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
+# deterministic=None takes the Gluon one-launch backward from this many keys: measured 7-12 % faster at
+# 16,384 (H200, d 128); shorter sequences are unmeasured, and there its four launches (zeroed dQ, D, the
+# kernel, the cast) against the tl kernels' two, and the copies of strided inputs, weigh more.
+GLUON_BWD_MIN_KEYS = 4096
 
 
 def default_policy() -> Policy:
@@ -938,7 +944,14 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
         lse3 = lse3.contiguous()
     delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     gluon = _gluon() if policy.gluon and policy.deterministic is not True else None
-    gluon = gluon if gluon is not None and gluon.usable_backward(q4, k4, v4, do4) else None
+    if gluon is not None and (policy.deterministic is False or n_k >= GLUON_BWD_MIN_KEYS) \
+            and gluon.usable_backward(q4, k4, v4, do4, layout=False):
+        # TMA reads [rows, d] tiles: strided views (the model's v from a split, dO from a rearrange's
+        # backward) are copied once, a fraction of what the one launch saves at these sizes
+        q4, k4, v4, do4 = (x.contiguous() for x in (q4, k4, v4, do4))
+        gluon = gluon if gluon.usable_backward(q4, k4, v4, do4) else None
+    else:
+        gluon = None
     atomic = policy.deterministic is False or gluon is not None
     dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q.dtype,
                                                     device=q.device)
@@ -966,7 +979,9 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
                 HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=pre_block)
         if gluon is not None:
             policy.ran["bwd"] = gluon.backward(q4, k4, v4, do4, lse3, delta, dq4, dk4, dv4, is_causal)
+            policy.ran.pop("dq", None), policy.ran.pop("dkdv", None)  # what an earlier call ran
             return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+        policy.ran.pop("bwd", None)
         if not atomic:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
             _launch("dq", grid_queries,
                     (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
