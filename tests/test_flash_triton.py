@@ -468,15 +468,16 @@ def test_gpu_gluon_backward_takes_the_models_strided_views():
     _gluon_module()
     torch.manual_seed(5)
     n = flash_triton.GLUON_BWD_MIN_KEYS
-    heads = torch.randn(1, 4 + 2 * 2, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    q, k, v = heads.split([4, 2, 2], dim=1)  # strided views, grouped-query
+    heads = torch.randn(1, n, (4 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = heads.view(1, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)  # the model's views, GQA
+    assert not any(x.is_contiguous() for x in (q, k, v))
     policy = flash_triton.default_policy()
     out = FlashAttentionTriton.apply(q, k, v, True, None, policy)
     g = torch.randn(1, n, 4 * 128, device="cuda", dtype=torch.bfloat16)
     (out.transpose(1, 2).reshape(1, n, -1) * g).sum().backward()  # dO arrives as a transposed view
     assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
     h64 = heads.detach().double().requires_grad_()
-    q64, k64, v64 = h64.split([4, 2, 2], dim=1)
+    q64, k64, v64 = h64.view(1, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)
     o_ref, _ = reference_attention(q64, k64, v64, True)
     (o_ref.transpose(1, 2).reshape(1, n, -1) * g.double()).sum().backward()
     assert _rel(heads.grad, h64.grad) < TOL[torch.bfloat16]
