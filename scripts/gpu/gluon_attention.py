@@ -58,8 +58,6 @@ def compile_only(args) -> int:
 
 
 def check_and_time(args) -> int:
-    from triton.testing import do_bench
-
     from lmsys.kernels.flash_triton import flash_forward
 
     torch.manual_seed(0)
@@ -102,13 +100,21 @@ def check_and_time(args) -> int:
             impls[name] = (lambda bm=bm, bn=bn, stages=stages, pipeline=pipeline, warps=warps, regs=regs:
                            gluon_forward(q, k, v, True, block_m=bm, block_n=bn, stages=stages, pipeline=pipeline,
                                          num_warps=warps, maxnreg=regs))
-        for name, f in impls.items():
-            try:
-                ms = do_bench(f, warmup=25, rep=200)
-                print(f"| {d} | {name} | {ms:.3f} | {flops / ms / 1e9:.0f} |", flush=True)
-            except Exception as e:  # noqa: BLE001 - a row that fails says why
-                print(f"| {d} | {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
+        time_rows(d, impls, flops)
     return 0
+
+
+def time_rows(d: int, rows: dict, flops: float) -> None:
+    """One markdown row `| d | name | ms | TFLOP/s |` per callable (do_bench's median); a row that fails
+    says why and the others still run. Also used by gluon_backward.py."""
+    from triton.testing import do_bench
+
+    for name, f in rows.items():
+        try:
+            ms = do_bench(f, warmup=25, rep=200)
+            print(f"| {d} | {name} | {ms:.3f} | {flops / ms / 1e9:.0f} |", flush=True)
+        except Exception as e:  # noqa: BLE001 - a row that fails says why
+            print(f"| {d} | {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
 
 
 def compare_policies(args) -> int:

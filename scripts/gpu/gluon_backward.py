@@ -62,7 +62,7 @@ def compile_only() -> int:
 
 
 def check_and_time() -> int:
-    from triton.testing import do_bench
+    from gluon_attention import time_rows  # this script's folder is on sys.path when it runs
 
     from lmsys.kernels import flash_triton
 
@@ -100,12 +100,7 @@ def check_and_time() -> int:
         for c in CONFIGS[d]:
             rows[f"gluon one launch, {name(c)}"] = lambda c=c: one_launch(
                 q, k, v, do, lse, (o.float() * do.float()).sum(-1), True, c)
-        for label, f in rows.items():
-            try:
-                ms = do_bench(f, warmup=25, rep=200)
-                print(f"| {d} | {label} | {ms:.3f} | {flops / ms / 1e9:.0f} |", flush=True)
-            except Exception as e:  # noqa: BLE001 - a row that fails says why
-                print(f"| {d} | {label} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
+        time_rows(d, rows, flops)
     return 0
 
 
