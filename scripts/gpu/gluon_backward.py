@@ -2,11 +2,15 @@
 by TMA bulk reduce-adds) at several tiles: checks against float64, then times each beside the tl backward
 at the leaderboard shape (bf16, causal, batch 1, 16 heads, seq 16384; D = rowsum(dO ∘ O), the zeroed float32
 dQ and its cast included, as flash_backward does). The kernel's history (the deterministic Gluon dK/dV
-and dQ kernels, dQ by element-wise atomics or red.v2, the next Sᵀ issued early: all measured slower) is
-in docs/benchmarks/attention.md, sixth session; the code of those variants in git (commit fee482a).
+and dQ kernels, dQ by element-wise atomics or red.v2, the next Sᵀ issued early, 128-row tiles, dPᵀ issued
+beside Sᵀ: all measured slower or no faster) is in docs/benchmarks/attention.md, sixth and seventh sessions;
+the code of the sixth session's variants is in git (commit fee482a).
 
     PYTHONPATH=src python scripts/gpu/gluon_backward.py --compile-only   # CPU, triton 3.6: compile + ptxas
     PYTHONPATH=src python scripts/gpu/gluon_backward.py                  # an H100/H200: check, then time
+
+With --against FILE (a flash_gluon.py of an earlier commit: `git show REV:src/lmsys/kernels/flash_gluon.py >
+FILE`) that version's shipped backward is checked and timed in the same run, beside today's configs.
 """
 from __future__ import annotations
 
@@ -24,15 +28,14 @@ from lmsys.kernels import flash_gluon
 from lmsys.kernels.flash_gluon import BwdConfig
 
 # per head dim: BLOCK_M (dQ's rows: an m64 per warp group), BLOCK_N = 16·warps, stages, warps, maxnreg
-CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168), BwdConfig(128, 128, 2, 8, 168), BwdConfig(128, 128, 1, 8, 168)],
-           128: [BwdConfig(64, 128, 2, 8, 168), BwdConfig(64, 128, 1, 8, 168)]}
+CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168)], 128: [BwdConfig(64, 128, 2, 8, 168)]}
 
 
-def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig):
+def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig | None, module=flash_gluon):
     """(dQ, dK, dV) for [Z, H, N, d] q, dO and [Z, Hkv, N, d] k, v, from L and D [Z, H, N] float32."""
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    flash_gluon.backward(q, k, v, do, lse, delta, dq, dk, dv, causal, config)
+    module.backward(q, k, v, do, lse, delta, dq, dk, dv, causal, config)
     return dq.to(q.dtype), dk, dv
 
 
@@ -61,10 +64,25 @@ def compile_only() -> int:
     return 0 if ok else 1
 
 
-def check_and_time() -> int:
+def load_against(path: str):
+    """An earlier flash_gluon.py, imported as a module of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flash_gluon_against", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look themselves up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128)) -> int:
     from gluon_attention import time_rows  # this script's folder is on sys.path when it runs
 
     from lmsys.kernels import flash_triton
+
+    variants = {name(c): (c, flash_gluon) for c in CONFIGS[64] + CONFIGS[128]}
+    if against:
+        variants[f"{os.path.basename(against)}, its own tiles"] = (None, load_against(against))
 
     torch.manual_seed(0)
     dev = "cuda"
@@ -81,37 +99,45 @@ def check_and_time() -> int:
         if causal:
             s = s.masked_fill(torch.ones(N, N, device=dev, dtype=torch.bool).triu(1), float("-inf"))
         refs = torch.autograd.grad(torch.softmax(s, -1) @ vr, (q64, k64, v64), do.double())
-        for c in CONFIGS[d]:
-            grads = one_launch(q, k, v, do, lse, delta, causal, c)
+        for label, (c, module) in variants.items():
+            if c is not None and c not in CONFIGS[d] or c is None and d not in module.BWD_CONFIGS:
+                continue
+            grads = one_launch(q, k, v, do, lse, delta, causal, c, module)
             errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(grads, refs)]
             ok = max(errs) < 2e-2
-            print(f"check Z{Z} H{H}/{Hkv} N{N} d{d} causal {causal} {name(c)}: dQ rel err {errs[0]:.2e}, "
+            print(f"check Z{Z} H{H}/{Hkv} N{N} d{d} causal {causal} {label}: dQ rel err {errs[0]:.2e}, "
                   f"dK {errs[1]:.2e}, dV {errs[2]:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1
     print("| d | impl | ms | TFLOP/s |\n|---|---|---|---|")
-    for d in (64, 128):
+    for d in dims:
         q, k, v, do = (torch.randn(1, 16, 16384, d, device=dev, dtype=torch.bfloat16) for _ in range(4))
         o, lse = flash_triton.flash_forward(q, k, v, True)
         flops = 2.5 * 4 * 16 * 16384 * 16384 * d / 2
         tl = replace(flash_triton.default_policy(), deterministic=True)
         rows = {"flash-triton tl backward (dQ + dK/dV kernels)":
                 lambda: flash_triton.flash_backward(q, k, v, o, lse, do, True, policy=tl)}
-        for c in CONFIGS[d]:
-            rows[f"gluon one launch, {name(c)}"] = lambda c=c: one_launch(
-                q, k, v, do, lse, (o.float() * do.float()).sum(-1), True, c)
-        time_rows(d, rows, flops)
+        for label, (c, module) in variants.items():
+            if c is not None and c not in CONFIGS[d] or c is None and d not in module.BWD_CONFIGS:
+                continue
+            rows[f"gluon one launch, {label}"] = lambda c=c, m=module: one_launch(
+                q, k, v, do, lse, (o.float() * do.float()).sum(-1), True, c, m)
+        for _ in range(repeats):  # interleaved: a host's drift shows as spread, not as a difference
+            time_rows(d, rows, flops)
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--against", metavar="FILE", help="an earlier flash_gluon.py to check and time beside")
+    p.add_argument("--repeats", type=int, default=1, help="time the rows this many times, interleaved")
+    p.add_argument("--d", default="64,128", help="head dims to time (comma-separated)")
     args = p.parse_args(argv)
     if args.compile_only:
         os.environ.pop("TRITON_INTERPRET", None)
         return compile_only()
-    return check_and_time()
+    return check_and_time(args.against, args.repeats, [int(d) for d in args.d.split(",")])
 
 
 if __name__ == "__main__":

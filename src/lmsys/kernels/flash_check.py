@@ -133,8 +133,8 @@ def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| / max(max |ref|, 1): relative for tensors of magnitude >= 1, absolute below (a
     gradient that is zero by symmetry, e.g. dK with a single key, is then judged by its rounding noise)."""
-    err = (x.detach().to("cpu", torch.float64) - ref.detach()).abs().max().item()
-    err = err / max(ref.detach().abs().max().item(), 1.0)
+    x, ref = (t.detach().to("cpu", torch.float64) for t in (x, ref))
+    err = (x - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
     return err if math.isfinite(err) else math.inf
 
 

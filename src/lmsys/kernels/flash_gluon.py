@@ -392,19 +392,23 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         dv, dpt = warpgroup_mma_wait(0, deps=[dv_tok, dpt_tok])
         dst = (pt * (dpt - delta[None, :])).to(dtype)
         dk_tok = warpgroup_mma(gl.convert_layout(dst, a_layout), q_smem.index(s), dk, is_async=True)
-        # two dSᵀ and two dQ buffers: a warp group one tile ahead never overwrites one still being read
+        # Two dSᵀ and two dQ buffers: a warp group one tile ahead never overwrites one still being read.
+        # Triton's barrier analysis orders every shared-memory write here (stores, the empty arrive) before
+        # the next shared access of any buffer with a partition-wide barrier, and adds one after each TMA
+        # store wait, so the wait and the writes sit just before the two barriers the data needs: 4 bar.sync
+        # per tile (the two extra follow the arrive) instead of 6, 3 % faster (attention.md, 2026-12-01).
         ds_buf = ds_smem.index(t % 2)
-        tma.store_wait(1)  # the reduce of tile t-2 has read dq_smem[t % 2] (its issuing thread; the barrier tells all)
         ds_buf.store(dst)
         fence_async_shared()
+        tma.store_wait(1)  # the reduce of tile t-2 has read dq_smem[t % 2] (its issuing thread; the barrier tells all)
         gl.thread_barrier()  # both warp groups' rows of dSᵀ are in place
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
         dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
-        mbarrier.arrive(empty.index(s), count=1)
         dq_buf = dq_smem.index(t % 2)
         dq_buf.store(dq * sm_scale)
         fence_async_shared()
         gl.thread_barrier()  # both warp groups' columns of the dQ tile are in place
+        mbarrier.arrive(empty.index(s), count=1)  # the slot's Q and dO are read
         _tma_reduce_add(dq_desc, [row, 0], dq_buf)
 
     tma.store_wait(0)  # the last reduces have read their tiles before the program ends
