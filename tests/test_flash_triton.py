@@ -564,7 +564,7 @@ def _gluon_module():
     ((2, 4, 256, 128), (2, 4, 256, 128), torch.bfloat16, True),
     ((1, 8, 384, 128), (1, 2, 384, 128), torch.float16, True),  # grouped-query
     ((1, 8, 128, 128), (1, 1, 128, 128), torch.bfloat16, True),  # multi-query
-    ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, False),  # d 64: by name only (D64_CONFIG)
+    ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, True),  # d 64
     ((1, 2, 256, 80), (1, 2, 256, 80), torch.bfloat16, False),  # d 80: the tl kernel's padded path
     ((1, 2, 200, 128), (1, 2, 200, 128), torch.bfloat16, False),  # not a multiple of the tiles
     ((1, 2, 256, 128), (1, 2, 384, 128), torch.bfloat16, False),  # n_q != n_k
@@ -579,8 +579,6 @@ def test_gluon_forward_supports_only_what_it_computes(q_shape, kv_shape, dtype, 
     assert not gluon.usable(q, k, v)  # not on a CPU
     if ok:  # a strided view is refused too
         assert not gluon.supports(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
-    d64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
-    assert gluon.supports(d64, d64, d64, gluon.D64_CONFIG)
     d96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
     assert not gluon.supports(d96, d96, d96, gluon.Config(128, 128, 2, 0, 8, 168))  # a config is not a head dim
 
@@ -607,7 +605,9 @@ def test_gluon_forward_refuses_empty_inputs_and_grids_past_cuda_limits(monkeypat
 @pytest.mark.parametrize("args, message", [((128, 128, 3, 1, 4, 168), "needs 8 warps"),
                                            ((64, 128, 1, 2, 4, 128), "pipeline 2 with 1 stages"),
                                            ((64, 128, 2, 3, 4, 128), "pipeline 3"),
-                                           ((64, 96, 2, 0, 4, 128), "divide")])
+                                           ((64, 96, 2, 0, 4, 128), "divide"),
+                                           ((64, 128, 2, 1, 4, 128, 2), "2 consumers of 4 warps"),
+                                           ((128, 128, 2, 1, 8, 168, 3), "3 consumers")])
 def test_gluon_config_refuses_what_would_hang_or_miscompute(args, message):
     gluon = _gluon_module()
     with pytest.raises(ValueError, match=message):
@@ -710,7 +710,7 @@ GLUON_CASES = [
     ((1,), 8, 2, 384, 128, True, torch.bfloat16),  # grouped-query
     ((2,), 2, 1, 128, 128, False, torch.float16),  # multi-query, not causal
     ((1,), 2, 2, 512, 128, False, torch.float16),
-    ((1,), 2, 1, 1536, 64, True, torch.bfloat16),  # long enough that D64_CONFIG's K/V ring wraps
+    ((1,), 2, 1, 1536, 64, True, torch.bfloat16),  # long enough that the K/V ring wraps
     ((2, 1), 4, 2, 1024, 128, True, torch.float16),  # five dims, grouped-query, the ring wraps
 ]
 
@@ -725,19 +725,12 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     gluon = _gluon_module()
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
-    if d in gluon.CONFIGS:  # through flash-triton; deterministic=False: the one launch below GLUON_BWD_MIN_KEYS too
-        policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
-        _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
-        assert policy.ran["fwd"].startswith("gluon")
-        if d in gluon.BWD_CONFIGS:
-            assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
-        deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
-        _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
-        assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
-        return
-    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]).to(DEVICE) for x in (q, k, v))  # d 64: D64_CONFIG by name
-    o4, lse = torch.empty_like(q4), torch.empty(q4.shape[:-1], dtype=torch.float32, device=DEVICE)
-    assert gluon.usable(q4, k4, v4, gluon.D64_CONFIG)
-    gluon.forward(q4, k4, v4, o4, lse, causal, gluon.D64_CONFIG)
-    o_ref, lse_ref = reference_attention(*(x.double() for x in (q, k, v)), causal)
-    assert _rel(o4.reshape(q.shape), o_ref) < TOL[dtype] and _rel(lse.reshape(q.shape[:-1]), lse_ref) < TOL[dtype]
+    # through flash-triton; deterministic=False: the one launch below GLUON_BWD_MIN_KEYS too
+    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
+    assert policy.ran["fwd"].startswith("gluon")
+    if d in gluon.BWD_CONFIGS:
+        assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
+    deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
+    assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran

@@ -19,18 +19,34 @@ import torch
 
 from lmsys.kernels import flash_gluon
 from lmsys.kernels.flash_gluon import Config, _attn_fwd_ws
+
+CONFIGS_DEFAULT = flash_gluon.CONFIGS[128]
 PIPELINES = {0: "", 1: ", next QKᵀ under softmax", 2: ", FA3 order (QKᵀ and PV under softmax)"}
-# (BLOCK_M, BLOCK_N, STAGES, PIPELINE, compute warps, maxnreg) timed at the leaderboard shape
-SWEEP = [(128, 128, 3, 0, 8, 168), (128, 128, 3, 1, 8, 168), (128, 128, 3, 2, 8, 168),
+# Configs timed at the leaderboard shape: Config(BLOCK_M, BLOCK_N, STAGES, PIPELINE, warps, maxnreg, consumers)
+SWEEP = [Config(128, 128, 3, 1, 8, 168), Config(128, 128, 3, 2, 8, 168),
+         # a consumer partition per warp group, each with half the query tile: no lockstep between them
+         Config(128, 128, 3, 0, 8, 168, 2), Config(128, 128, 3, 1, 8, 168, 2), Config(128, 128, 3, 2, 8, 168, 2),
          # one warp group per CTA, two CTAs per SM where shared memory allows: the hardware interleaves them
-         (64, 128, 2, 1, 4, 128), (64, 128, 2, 2, 4, 128), (64, 128, 3, 2, 4, 128), (64, 64, 3, 1, 4, 128),
-         (64, 64, 3, 2, 4, 128), (64, 64, 4, 2, 4, 128)]
+         Config(64, 128, 2, 2, 4, 128), Config(64, 128, 3, 2, 4, 128)]
+# Configs checked against float64 (more shapes, fewer timings)
+CHECKED = [Config(128, 128, 2, 2, 8, 168), Config(128, 128, 3, 1, 8, 168), Config(128, 128, 2, 0, 8, 168),
+           Config(128, 64, 2, 2, 8, 168), Config(128, 128, 3, 1, 8, 168, 2), Config(128, 128, 3, 2, 8, 168, 2),
+           Config(128, 128, 2, 0, 8, 168, 2), Config(128, 64, 3, 1, 8, 168, 2), Config(64, 128, 2, 1, 4, 128),
+           Config(64, 128, 3, 2, 4, 128), Config(64, 64, 4, 2, 4, 128)]
 
 
-def gluon_forward(q, k, v, causal=True, *, block_m=128, block_n=128, stages=3, pipeline=2, num_warps=8,
-                  maxnreg=168):
+def label(c: Config) -> str:
+    return (f"{c.block_m}×{c.block_n}, {c.stages} st, {c.warps} warps"
+            f"{', 2 consumers' if c.consumers == 2 else ''}{PIPELINES[c.pipeline]}")
+
+
+def fits(c: Config, d: int) -> bool:
+    """Q, the K/V ring and (two consumers) nothing more in 227 KiB of shared memory."""
+    return 2 * d * (c.block_m + 2 * c.stages * c.block_n) <= 227 * 1024
+
+
+def gluon_forward(q, k, v, causal=True, config: Config = CONFIGS_DEFAULT):
     """(O, L) from the Gluon kernel at one config (shapes `flash_gluon.usable` takes)."""
-    config = Config(block_m, block_n, stages, pipeline, num_warps, maxnreg)
     assert flash_gluon.usable(q, k, v, config)
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -45,15 +61,17 @@ def compile_only(args) -> int:
 
     ok = True
     for d in (64, 128):
-        for bm, bn, stages, pipeline, warps, regs in SWEEP:
-            if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
+        for c in SWEEP:
+            if not fits(c, d):
                 continue
             x = torch.empty(256, d, dtype=torch.bfloat16)
-            example = [*flash_gluon.descriptors(x, x, x, bm, bn), x, torch.empty(1), 0.5, 256, 1, 1]
-            consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, STAGES=stages, CAUSAL=True, PIPELINE=pipeline,
-                          num_warps=warps)
-            ok &= report(f"d {d}, {bm}×{bn}, {stages} stages, {warps} warps, maxnreg {regs}{PIPELINES[pipeline]}",
-                         lambda: compile_gluon(_attn_fwd_ws, example, consts, num_warps=warps, maxnreg=regs))
+            example = [*flash_gluon.descriptors(x, x, x, c.block_m // c.consumers, c.block_n), x, torch.empty(1),
+                       0.5, 256, 1, 1]
+            warps = c.warps // c.consumers  # the launch's num_warps: the default partition's
+            consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=True,
+                          PIPELINE=c.pipeline, CONSUMERS=c.consumers, num_warps=warps)
+            ok &= report(f"d {d}, {label(c)}, maxnreg {c.maxnreg}",
+                         lambda: compile_gluon(_attn_fwd_ws, example, consts, num_warps=warps, maxnreg=c.maxnreg))
     return 0 if ok else 1
 
 
@@ -65,13 +83,10 @@ def check_and_time(args) -> int:
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False), (1, 2, 1536, 64, True), (1, 2, 1280, 128, True)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        for pipeline, bm, bn, warps, stages in ((2, 128, 128, 8, 2), (1, 128, 128, 8, 3), (0, 128, 128, 8, 2),
-                                                (2, 128, 64, 8, 2), (1, 64, 128, 4, 2), (2, 64, 128, 4, 3),
-                                                (2, 64, 64, 4, 4)):
-            if 2 * d * (bm + 2 * stages * bn) > 227 * 1024:
+        for c in CHECKED:
+            if not fits(c, d):
                 continue
-            o, lse = gluon_forward(q, k, v, causal, pipeline=pipeline, block_m=bm, block_n=bn, stages=stages,
-                                   num_warps=warps, maxnreg=168 if warps == 8 else 128)
+            o, lse = gluon_forward(q, k, v, causal, c)
             torch.cuda.synchronize()
             s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
             if causal:
@@ -81,8 +96,7 @@ def check_and_time(args) -> int:
             err_o = ((o.double() - ref_o).norm() / ref_o.norm()).item()
             err_l = (lse.double() - ref_l).abs().max().item()
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} {bm}×{bn} {warps} warps {stages} st "
-                  f"pipeline {pipeline}: O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} {label(c)}: O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1
@@ -92,15 +106,11 @@ def check_and_time(args) -> int:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * N * N * d / 2
         impls = {"sdpa-cudnn": lambda: _cudnn(q, k, v), "flash-triton": lambda: flash_forward(q, k, v, True)}
-        for bm, bn, stages, pipeline, warps, regs in SWEEP:
-            smem = 2 * d * (bm + 2 * stages * bn)
-            if smem > 227 * 1024:
-                continue
-            name = f"gluon {bm}×{bn}, {stages} st, {warps} warps{PIPELINES[pipeline]}"
-            impls[name] = (lambda bm=bm, bn=bn, stages=stages, pipeline=pipeline, warps=warps, regs=regs:
-                           gluon_forward(q, k, v, True, block_m=bm, block_n=bn, stages=stages, pipeline=pipeline,
-                                         num_warps=warps, maxnreg=regs))
-        time_rows(d, impls, flops)
+        for c in SWEEP:
+            if fits(c, d):
+                impls[f"gluon {label(c)}"] = lambda c=c: gluon_forward(q, k, v, True, c)
+        for _ in range(args.repeats):  # interleaved: a host's drift shows as spread, not as a difference
+            time_rows(d, impls, flops)
     return 0
 
 
@@ -157,8 +167,6 @@ def _cudnn(q, k, v):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
-    p.add_argument("--stages", type=int, default=3)
-    p.add_argument("--maxnreg", type=int, default=168)
     p.add_argument("--policies", action="store_true", help="flash-triton with Policy.gluon off and on, fwd+bwd")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)

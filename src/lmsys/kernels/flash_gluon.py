@@ -47,8 +47,10 @@ LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: tiles, K/V ring depth, where the products overlap the softmax (PIPELINE),
-    warps of the compute partition, and maxnreg (registers per thread at launch; the load warp gives its
-    share to the compute partition)."""
+    warps computing, maxnreg (registers per thread at launch; the load warp gives its share to the compute
+    warps), and consumers: 1, one compute partition of all the warps; 2, a partition per warp group, each
+    with its own half of the query tile and the K/V ring shared, so that one's softmax runs beside the
+    other's products instead of in lockstep (FlashAttention-3's two consumer warp groups)."""
 
     block_m: int
     block_n: int
@@ -56,10 +58,13 @@ class Config:
     pipeline: int
     warps: int
     maxnreg: int
+    consumers: int = 1
 
     def __post_init__(self):
         if self.block_m != 16 * self.warps:  # one m64 wgmma per warp group of four warps
             raise ValueError(f"block_m {self.block_m} needs {self.block_m // 16} warps, not {self.warps}")
+        if self.consumers not in (1, 2) or self.consumers == 2 and self.warps != 8:
+            raise ValueError(f"{self.consumers} consumers of {self.warps} warps: 1, or 2 of one warp group each")
         if self.pipeline not in (0, 1, 2) or self.stages < (2 if self.pipeline else 1):
             # pipelined, the compute partition holds tile j's slot while it waits for tile j+1's K
             raise ValueError(f"pipeline {self.pipeline} with {self.stages} stages")
@@ -68,27 +73,27 @@ class Config:
 
 
 # The head dims the kernel runs by default, with the fastest config of scripts/gpu/gluon_attention.py's sweep
-# at the leaderboard shape (H200, triton 3.6), as a multiple of the tl forward's time in the same run
-# (docs/benchmarks/attention.md): d 128, two warp groups with the next QKᵀ under the softmax, 0.915-0.968x
-# in nine runs. D64_CONFIG, one warp group per CTA (two CTAs per SM) in FlashAttention-3's order, ran
-# 0.908-1.031x (median 0.957) with no faster forward+backward: correct in the GPU checks (its K/V ring
-# wrapping too, sixth session), asked for by name (the probe, the tests) until it is measured faster.
-CONFIGS = {128: Config(128, 128, 3, 1, 8, 168)}
-D64_CONFIG = Config(64, 128, 3, 2, 4, 128)
+# at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md, seventh session of 2026-12-01):
+# two consumer warp groups of 64 query rows each, in partitions of their own (no lockstep between them).
+# d 128 with the next QKᵀ under the softmax: 0.90-0.91x the one-partition kernel's time, 0.97-0.98x
+# cuDNN's, in three rounds of one run; d 64 in FlashAttention-3's order: 0.96-0.98x the tl forward's.
+CONFIGS = {128: Config(128, 128, 3, 1, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
 
 
 @dataclass(frozen=True)
 class BwdConfig:
     """The backward's launch configuration: BLOCK_M query rows per step (64 or 128: an m64 per warp group
     for the dQ tile), BLOCK_N keys per program (16 per warp of the compute partition), the Q/dO ring's
-    depth, and maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up
-    to one)."""
+    depth, maxnreg (registers per thread at launch, for whole warp groups: the load warp's rounds up
+    to one), and early_dp: dPᵀ = V·dOᵀ issued beside Sᵀ, to run under the exponentials (FlashAttention-3's
+    order), else after them beside dV."""
 
     block_m: int
     block_n: int
     stages: int
     warps: int
     maxnreg: int
+    early_dp: bool = False
 
     def __post_init__(self):
         if (self.block_m not in (64, 128) or (self.warps // 4) % (self.block_m // 64)
@@ -101,8 +106,9 @@ class BwdConfig:
 
 
 # d 128: 5.89 ms against the tl backward's 6.68 at the leaderboard shape (docs/benchmarks/attention.md,
-# sixth session); d 64 ran 4.38 against 3.66 with these tiles, so it keeps the tl kernels.
-BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168)}
+# sixth session); dPᵀ beside Sᵀ took 2-6 % off forward+backward through autograd in four rounds of one run
+# (seventh session). d 64 ran 4.0-4.4 ms against the tl kernels' 3.6-3.7, so it keeps the tl kernels.
+BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168, early_dp=True)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
@@ -117,9 +123,12 @@ def available() -> bool:
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                    q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+                    q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Q once (a part per consumer), then K and V of each key tile through the ring."""
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [q_row + c * q_desc.block_type.shape[0], 0], q_bar,
+                                        q_smem.index(c))
     for j in range(n_tiles):
         s = j % STAGES
         phase = (j // STAGES) & 1
@@ -188,10 +197,19 @@ def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, k
 
 
 @gluon.jit
-def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, o_row, n_full, n_tiles,
-                       start_m, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINE: gl.constexpr,
-                       num_warps: gl.constexpr):
+def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
+                       tile_m, qk_scale, PART: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                       PIPELINE: gl.constexpr, num_warps: gl.constexpr):
+    """Rows [PART·BLOCK_M, (PART+1)·BLOCK_M) of the program's query tile (which starts at tile_m) against
+    every key tile the tile sees."""
+    q_smem = q_parts.index(PART)
+    start_m = tile_m + PART * BLOCK_M
+    o_row = row0 + start_m
+    if CAUSAL:
+        n_full = (start_m + 1) // BLOCK_N  # tiles wholly at or below the diagonal need no mask
+    else:
+        n_full = n_tiles
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -267,9 +285,10 @@ def _compute_partition(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
-def ring_barriers(STAGES: gl.constexpr):
-    """The mbarriers between a load partition and its consumer, initialised: one for the tiles loaded once,
-    and for each of the ring's STAGES slots, the ready barriers of its two tiles and its empty barrier."""
+def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
+    """The mbarriers between a load partition and its consumers, initialised: one for the tiles loaded
+    once, and for each of the ring's STAGES slots, the ready barriers of its two tiles and its empty barrier
+    (which every consumer arrives on)."""
     once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_a = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ready_b = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -278,7 +297,7 @@ def ring_barriers(STAGES: gl.constexpr):
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_a.index(i), count=1)
         mbarrier.init(ready_b.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
     fence_async_shared()
     return once, ready_a, ready_b, empty
 
@@ -286,9 +305,9 @@ def ring_barriers(STAGES: gl.constexpr):
 @gluon.jit
 def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
     """One program per (query tile, batch·query head), heaviest causal tiles first; q, O as [Z·H·N, d],
-    k, v as [Z·(H/GROUP)·N, d]."""
+    k, v as [Z·(H/GROUP)·N, d]. q_desc's tiles are the consumers' parts: BLOCK_M / CONSUMERS rows."""
     pid_m = gl.program_id(0)
     if CAUSAL:
         pid_m = gl.num_programs(0) - 1 - pid_m
@@ -298,24 +317,35 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
     kv_row0 = ((zh // H) * (H // GROUP) + (zh % H) // GROUP) * N_CTX  # this query head's key/value head
     if CAUSAL:
         n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
-        n_full = (start_m + 1) // BLOCK_N  # tiles wholly at or below the diagonal need no mask
     else:
         n_tiles = N_CTX // BLOCK_N
-        n_full = n_tiles
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar, k_ready, v_ready, kv_empty = ring_barriers(STAGES)
+    q_bar, k_ready, v_ready, kv_empty = ring_barriers(STAGES, CONSUMERS)
 
-    gl.warp_specialize([
-        (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0 + start_m,
-                              n_full, n_tiles, start_m, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                              PIPELINE, num_warps)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                           row0 + start_m, kv_row0, n_tiles, BLOCK_N, STAGES)),
-    ], [1], [24])
+    PART_M: gl.constexpr = BLOCK_M // CONSUMERS
+    if CONSUMERS == 2:  # a warp group each (num_warps is one partition's), the load warp's registers theirs
+        gl.warp_specialize([
+            (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
+                                  start_m, qk_scale, 0, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
+                                  num_warps)),
+            (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
+                                  start_m, qk_scale, 1, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
+                                  num_warps)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                               row0 + start_m, kv_row0, n_tiles, BLOCK_N, STAGES, CONSUMERS)),
+        ], [num_warps, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
+                                  start_m, qk_scale, 0, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
+                                  num_warps)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                               row0 + start_m, kv_row0, n_tiles, BLOCK_N, STAGES, CONSUMERS)),
+        ], [1], [24])
 
 
 @builtin
@@ -351,7 +381,8 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
 def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, empty, L,
                            Delta, DK, DV, dq_desc, lse_row0, start_n, first_m, n_m, GROUP, N_CTX, dk_row, qk_scale,
                            sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr,
+                           num_warps: gl.constexpr):
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                         instr_shape=[16, BLOCK_M, 16])  # Sᵀ, dPᵀ [BN, BM]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -382,14 +413,25 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
 
         mbarrier.wait(q_ready.index(s), phase)
         st_tok = warpgroup_mma(k_smem, q_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(0, deps=[st_tok])
+        if EARLY_DP:
+            mbarrier.wait(do_ready.index(s), phase)
+            dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False,
+                                    is_async=True)
+            st = warpgroup_mma_wait(1, deps=[st_tok])  # dPᵀ runs on under the exponentials
+        else:
+            st = warpgroup_mma_wait(0, deps=[st_tok])
         pt = gl.exp2(st * qk_scale - lse2[None, :])
         if CAUSAL:
             pt = gl.where(start_m + cols_m[None, :] >= offs_n[:, None], pt, 0.0)  # (no-op below the diagonal)
-        mbarrier.wait(do_ready.index(s), phase)
-        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        dv, dpt = warpgroup_mma_wait(0, deps=[dv_tok, dpt_tok])
+        if EARLY_DP:
+            dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # (dV runs on)
+        else:
+            mbarrier.wait(do_ready.index(s), phase)
+            dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False,
+                                    is_async=True)
+            dv_tok, dpt = warpgroup_mma_wait(0, deps=[dv_tok, dpt_tok])
         dst = (pt * (dpt - delta[None, :])).to(dtype)
         dk_tok = warpgroup_mma(gl.convert_layout(dst, a_layout), q_smem.index(s), dk, is_async=True)
         # Two dSᵀ and two dQ buffers: a warp group one tile ahead never overwrites one still being read.
@@ -403,7 +445,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         tma.store_wait(1)  # the reduce of tile t-2 has read dq_smem[t % 2] (its issuing thread; the barrier tells all)
         gl.thread_barrier()  # both warp groups' rows of dSᵀ are in place
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
-        dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
+        dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok])
         dq_buf = dq_smem.index(t % 2)
         dq_buf.store(dq * sm_scale)
         fence_async_shared()
@@ -423,7 +465,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
 @gluon.jit
 def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_scale, sm_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
     """One program per (key tile, batch·key/value head): dK, dV of its keys, and its share of dQ added to
     the float32 dQ (zeroed) behind dq_desc. q, dO, dQ as [Z·H·N, d], k, v, dK, dV as [Z·(H/GROUP)·N, d],
     L and D as [Z·H·N]."""
@@ -452,7 +494,7 @@ def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_
         (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                                   empty, L, Delta, DK, DV, dq_desc, q_row0, start_n, first_m, n_m, GROUP, N_CTX,
                                   kv_row, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                  num_warps)),
+                                  EARLY_DP, num_warps)),
         (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M, STAGES)),
     ], [1], [24])
@@ -499,11 +541,12 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
     """Fill o4 [Z, H, N, d] and lse [Z, H, N] (float32) for inputs `usable` accepted; the tiles it ran."""
     Z, H, n, d = q4.shape
     c = config or CONFIGS[d]
-    q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m, c.block_n)
+    q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m // c.consumers, c.block_n)
     _attn_fwd_ws[(n // c.block_m, Z * H)](q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H,
                                           H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d,
                                           STAGES=c.stages, CAUSAL=bool(is_causal), PIPELINE=c.pipeline,
-                                          num_warps=c.warps, maxnreg=c.maxnreg)
+                                          CONSUMERS=c.consumers, num_warps=c.warps // c.consumers,
+                                          maxnreg=c.maxnreg)
     return f"gluon {c.block_m}×{c.block_n}"
 
 
@@ -528,5 +571,5 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal: bool, confi
     _attn_bwd_ws[(n // c.block_n, Z * k4.shape[1])](
         q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
         n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
-        CAUSAL=bool(is_causal), num_warps=c.warps, maxnreg=c.maxnreg)
+        CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)
     return f"gluon {c.block_m}×{c.block_n}"

@@ -414,7 +414,7 @@ class Policy:
       configs only (WARP_SPEC_MIN_WARPS; off where none fits); not together with the forward's tensor
       descriptors (no faster on Hopper: `tma` wins).
     gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
-      the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 128, n_q == n_k a
+      the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64/128, n_q == n_k a
       multiple of its tiles, contiguous; triton 3.6); the tl forward elsewhere. Where it runs, the tl
       forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply. The
       Gluon one-launch backward runs there too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at
