@@ -2,9 +2,11 @@
 by TMA bulk reduce-adds) at several tiles: checks against float64, then times each beside the tl backward
 at the leaderboard shape (bf16, causal, batch 1, 16 heads, seq 16384; D = rowsum(dO ∘ O), the zeroed float32
 dQ and its cast included, as flash_backward does). The kernel's history (the deterministic Gluon dK/dV
-and dQ kernels, dQ by element-wise atomics or red.v2, the next Sᵀ issued early, 128-row tiles, dPᵀ issued
-beside Sᵀ: all measured slower or no faster) is in docs/benchmarks/attention.md, sixth and seventh sessions;
-the code of the sixth session's variants is in git (commit fee482a).
+and dQ kernels, dQ by element-wise atomics or red.v2, the next Sᵀ issued early, 128-row tiles, a
+partition per warp group with dQ adds of its own: all measured slower) is in docs/benchmarks/attention.md,
+sixth and seventh sessions; the code of the sixth session's variants is in git (commit fee482a).
+--fwd-bwd times forward+backward through autograd instead (the bench's path), each config in turn as the
+shipped one, beside cuDNN and the tl kernels: the measurement that decides (seventh session).
 
     PYTHONPATH=src python scripts/gpu/gluon_backward.py --compile-only   # CPU, triton 3.6: compile + ptxas
     PYTHONPATH=src python scripts/gpu/gluon_backward.py                  # an H100/H200: check, then time
@@ -28,7 +30,9 @@ from lmsys.kernels import flash_gluon
 from lmsys.kernels.flash_gluon import BwdConfig
 
 # per head dim: BLOCK_M (dQ's rows: an m64 per warp group), BLOCK_N = 16·warps, stages, warps, maxnreg
-CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168)], 128: [BwdConfig(64, 128, 2, 8, 168)]}
+# early_dp (dPᵀ issued beside Sᵀ)
+CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168), BwdConfig(64, 128, 2, 8, 168, True)],
+           128: [BwdConfig(64, 128, 2, 8, 168, True), BwdConfig(64, 128, 2, 8, 168)]}
 
 
 def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig | None, module=flash_gluon):
@@ -40,7 +44,8 @@ def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig | None, module
 
 
 def name(c: BwdConfig) -> str:
-    return f"{c.block_m}×{c.block_n}, {c.stages} st, {c.warps} warps, maxnreg {c.maxnreg}"
+    return (f"{c.block_m}×{c.block_n}, {c.stages} st, {c.warps} warps, maxnreg {c.maxnreg}"
+            f"{', dPᵀ beside Sᵀ' if c.early_dp else ''}")
 
 
 def compile_only() -> int:
@@ -57,7 +62,7 @@ def compile_only() -> int:
                                                        gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
                 example = [q_desc, k_desc, v_desc, q_desc, dq_desc, f32, f32, x, x, 0.5, 0.5, 256, 1, 1]
                 consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=causal,
-                              num_warps=c.warps)
+                              EARLY_DP=c.early_dp, num_warps=c.warps)
                 ok &= report(f"d {d}, causal {causal}, {name(c)}",
                              lambda: compile_gluon(flash_gluon._attn_bwd_ws, example, consts, num_warps=c.warps,
                                                    maxnreg=c.maxnreg))
@@ -127,16 +132,54 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
     return 0
 
 
+def through_autograd(repeats: int, dims) -> int:
+    """flash-triton's forward+backward through autograd (the bench's path: D, dQ's zeroing and cast, the
+    model's dispatch) with BWD_CONFIGS[d] set to each config of the head dim in turn (and removed: the tl
+    kernels), beside sdpa-cudnn, at the leaderboard shape, interleaved `repeats` times."""
+    from triton.testing import do_bench
+
+    from gluon_attention import _cudnn
+    from lmsys.kernels import flash_triton
+
+    print("| d | round | impl | fwd+bwd ms | TFLOP/s |\n|---|---|---|---|---|")
+    for d in dims:
+        q, k, v = (torch.randn(1, 16, 16384, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+        flops = 4 * 16 * 16384 * 16384 * d / 2 * 3.5  # forward + 2.5x backward, causal
+        shipped = flash_gluon.BWD_CONFIGS.get(d)
+        flash = lambda q, k, v: flash_triton.FlashAttentionTriton.apply(q, k, v, True)  # noqa: E731
+        rows = {"sdpa-cudnn": (_cudnn, None), "flash-triton, tl backward": (flash, None)}
+        for c in CONFIGS[d]:
+            rows[f"flash-triton, backward {name(c)}{' (shipped)' if c == shipped else ''}"] = (flash, c)
+        try:
+            for r in range(repeats):
+                for label, (f, c) in rows.items():
+                    flash_gluon.BWD_CONFIGS.pop(d, None)
+                    if c is not None:
+                        flash_gluon.BWD_CONFIGS[d] = c
+                    ms = do_bench(lambda f=f: torch.autograd.grad(f(q, k, v), (q, k, v), do), warmup=10, rep=100)
+                    print(f"| {d} | {r} | {label} | {ms:.3f} | {flops / ms / 1e9:.0f} |", flush=True)
+        finally:
+            flash_gluon.BWD_CONFIGS.pop(d, None)
+            if shipped is not None:
+                flash_gluon.BWD_CONFIGS[d] = shipped
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--against", metavar="FILE", help="an earlier flash_gluon.py to check and time beside")
     p.add_argument("--repeats", type=int, default=1, help="time the rows this many times, interleaved")
     p.add_argument("--d", default="64,128", help="head dims to time (comma-separated)")
+    p.add_argument("--fwd-bwd", action="store_true", help="through autograd, each config as the shipped one")
     args = p.parse_args(argv)
     if args.compile_only:
         os.environ.pop("TRITON_INTERPRET", None)
         return compile_only()
+    if args.fwd_bwd:
+        return through_autograd(args.repeats, [int(d) for d in args.d.split(",")])
     return check_and_time(args.against, args.repeats, [int(d) for d in args.d.split(",")])
 
 
