@@ -607,7 +607,8 @@ def test_gluon_forward_refuses_empty_inputs_and_grids_past_cuda_limits(monkeypat
                                            ((64, 128, 2, 3, 4, 128), "pipeline 3"),
                                            ((64, 96, 2, 0, 4, 128), "divide"),
                                            ((64, 128, 2, 1, 4, 128, 2), "2 consumers of 4 warps"),
-                                           ((128, 128, 2, 1, 8, 168, 3), "3 consumers")])
+                                           ((128, 128, 2, 1, 8, 168, 3), "3 consumers"),
+                                           ((128, 128, 2, 1, 8, 128, 2), "maxnreg 168")])
 def test_gluon_config_refuses_what_would_hang_or_miscompute(args, message):
     gluon = _gluon_module()
     with pytest.raises(ValueError, match=message):

@@ -7,10 +7,12 @@ triton wheel) lets the kernel say them, with a register budget per role (setmaxn
 - a load partition, one warp with 24 registers, brings Q once and K, V tiles through a ring of STAGES
   shared buffers by TMA, with ready/empty mbarriers (K and V on separate ready barriers, so QKᵀ starts
   before V has landed);
-- the compute partition (the default one: one or two warp groups, 64 query rows each) runs both products
-  as asynchronous wgmma and the online softmax in registers, the products under the exponentials:
-  PIPELINE 1 issues the next tile's QKᵀ before this tile's exponentials; PIPELINE 2 is FlashAttention-3's
-  order, QKᵀ of tile j and PV of tile j-1 issued together and the softmax of tile j under both.
+- the compute warp groups, 64 query rows each, run both products as asynchronous wgmma and the online
+  softmax in registers, the products under the exponentials: PIPELINE 1 issues the next tile's QKᵀ before
+  this tile's exponentials; PIPELINE 2 is FlashAttention-3's order, QKᵀ of tile j and PV of tile j-1
+  issued together and the softmax of tile j under both. With `Config.consumers` 2 (the defaults) each
+  warp group is a partition of its own (the default one and a worker), so triton's barriers never make
+  one wait for the other; with 1 they share the default partition.
 
 The backward (`backward`, FlashAttention-3's one launch) has the same roles: per key tile, the load warp
 brings K and V once and Q, dO of every query tile through the ring; the compute partition (two warp
@@ -65,6 +67,10 @@ class Config:
             raise ValueError(f"block_m {self.block_m} needs {self.block_m // 16} warps, not {self.warps}")
         if self.consumers not in (1, 2) or self.consumers == 2 and self.warps != 8:
             raise ValueError(f"{self.consumers} consumers of {self.warps} warps: 1, or 2 of one warp group each")
+        if self.consumers == 2 and self.maxnreg != 168:
+            # the worker consumer takes 240 registers and the load warp 24 (_attn_fwd_ws); the default
+            # consumer gets the rest, 3·maxnreg - 264: 240 at 168, fewer (spills) below, no launch above
+            raise ValueError(f"2 consumers need maxnreg 168 (240 registers each), not {self.maxnreg}")
         if self.pipeline not in (0, 1, 2) or self.stages < (2 if self.pipeline else 1):
             # pipelined, the compute partition holds tile j's slot while it waits for tile j+1's K
             raise ValueError(f"pipeline {self.pipeline} with {self.stages} stages")
