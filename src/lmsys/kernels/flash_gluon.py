@@ -81,8 +81,8 @@ class Config:
 # The head dims the kernel runs by default, with the fastest config of scripts/gpu/gluon_attention.py's sweep
 # at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md, seventh session of 2026-12-01):
 # two consumer warp groups of 64 query rows each, in partitions of their own (no lockstep between them).
-# d 128 with the next QKᵀ under the softmax: 0.90-0.91x the one-partition kernel's time, 0.97-0.98x
-# cuDNN's, in three rounds of one run; d 64 in FlashAttention-3's order: 0.96-0.98x the tl forward's.
+# d 128 with the next QKᵀ under the softmax: 0.83-0.90x the one-partition kernel's time, 0.97-0.98x
+# cuDNN's, in five rounds of two runs; d 64 in FlashAttention-3's order: 0.96-0.98x the tl forward's.
 CONFIGS = {128: Config(128, 128, 3, 1, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
 
 
