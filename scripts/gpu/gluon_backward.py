@@ -17,7 +17,6 @@ FILE`) that version's shipped backward is checked and timed in the same run, bes
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from dataclasses import replace
@@ -84,6 +83,7 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
     from gluon_attention import time_rows  # this script's folder is on sys.path when it runs
 
     from lmsys.kernels import flash_triton
+    from lmsys.kernels.flash_check import reference_attention
 
     variants = {name(c): (c, flash_gluon) for c in CONFIGS[64] + CONFIGS[128]}
     if against:
@@ -99,11 +99,8 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
         o, lse = flash_triton.flash_forward(q, k, v, causal)
         delta = (o.float() * do.float()).sum(-1).contiguous()
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-        kr, vr = (x.repeat_interleave(H // Hkv, dim=1) for x in (k64, v64))
-        s = q64 @ kr.transpose(-1, -2) / math.sqrt(d)
-        if causal:
-            s = s.masked_fill(torch.ones(N, N, device=dev, dtype=torch.bool).triu(1), float("-inf"))
-        refs = torch.autograd.grad(torch.softmax(s, -1) @ vr, (q64, k64, v64), do.double())
+        o_ref, _ = reference_attention(q64, k64, v64, causal, device=dev)
+        refs = torch.autograd.grad(o_ref, (q64, k64, v64), do.double())
         for label, (c, module) in variants.items():
             if c is not None and c not in CONFIGS[d] or c is None and d not in module.BWD_CONFIGS:
                 continue

@@ -54,15 +54,16 @@ class Case:
         return f"{self.lead[-1]}/{self.kv_heads or self.lead[-1]}"
 
 
-def reference_attention(q, k, v, is_causal: bool):
-    """(o, L) in float64 on the CPU with the whole score matrix: softmax(q kᵀ/√d) v, top-left causal.
-    k and v with fewer heads than q (dim -3, grouped-query) are repeated to q's heads."""
-    q, k, v = (x.to("cpu", torch.float64) for x in (q, k, v))
+def reference_attention(q, k, v, is_causal: bool, device="cpu"):
+    """(o, L) in float64 on `device` (the CPU unless asked: a GPU for long sequences) with the whole score
+    matrix: softmax(q kᵀ/√d) v, top-left causal. k and v with fewer heads than q (dim -3, grouped-query)
+    are repeated to q's heads. Differentiable: autograd reaches the inputs through the copies."""
+    q, k, v = (x.to(device, torch.float64) for x in (q, k, v))
     if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if is_causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     return torch.exp(s - lse[..., None]) @ v, lse
