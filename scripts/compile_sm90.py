@@ -71,7 +71,13 @@ def compile_gluon(fn, example_args: list, consts: dict, *, num_warps: int, maxnr
 
     values = dict(zip([n for n in fn.arg_names if n not in consts], example_args))
     sig = {n: "constexpr" if n in consts else mangle_type(values[n]) for n in fn.arg_names}
-    src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    # the JIT's specialisation: pointers (tensors: CPU allocations are 16-byte aligned too) and integers
+    # divisible by 16 are marked so, which decides vectorised loads and address registers
+    aligned = [i for i, n in enumerate(fn.arg_names) if n not in consts and (
+        hasattr(values[n], "data_ptr") or isinstance(values[n], int) and not isinstance(values[n], bool)
+        and values[n] % 16 == 0)]
+    src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
+                         attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "maxnreg": maxnreg})
 
 
