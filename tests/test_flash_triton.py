@@ -626,7 +626,7 @@ def test_gluon_policy_runs_the_tl_kernels_where_gluon_cannot():
 
 
 def test_gluon_backward_takes_only_what_it_computes():
-    """The one-launch backward: d 128 only (d 64 measured slower than the tl kernels), the forward's other
+    """The one-launch backward: d 64 and 128 (the head dims the forward's tiles take), the forward's other
     conditions with its own tiles, and dO like q."""
     gluon = _gluon_module()
     x = torch.zeros(2, 4, 256, 128, dtype=torch.bfloat16)
@@ -634,7 +634,9 @@ def test_gluon_backward_takes_only_what_it_computes():
     assert gluon.supports(x, x, x, config)
     assert not gluon.usable_backward(x, x, x, x)  # not on a CPU
     d64 = torch.zeros(2, 4, 256, 64, dtype=torch.bfloat16)
-    assert 64 not in gluon.BWD_CONFIGS
+    assert set(gluon.BWD_CONFIGS) == {64, 128} and gluon.supports(d64, d64, d64, gluon.BWD_CONFIGS[64])
+    d80 = torch.zeros(2, 4, 256, 80, dtype=torch.bfloat16)
+    assert not gluon.supports(d80, d80, d80, gluon.BWD_CONFIGS[64])
     odd = torch.zeros(2, 4, 192, 128, dtype=torch.bfloat16)  # a multiple of 64, not of the 128-key tiles
     assert not gluon.supports(odd, odd, odd, config)
     assert gluon.supports(d64, d64, d64, gluon.BwdConfig(64, 64, 2, 4, 168))
@@ -642,7 +644,8 @@ def test_gluon_backward_takes_only_what_it_computes():
 
 class _FakeGluon:
     """flash_gluon's backward interface, computing in float64 on any device: flash_backward's dispatch to
-    the Gluon one launch (which copies strided inputs, needs D first, and adds into a zeroed float32 dQ),
+    the Gluon one launch (which copies strided inputs, needs D first, and adds into a zeroed float32 dQ
+    that it casts into dQ),
     checked where no Hopper GPU runs it."""
 
     def __init__(self, gluon):
@@ -657,8 +660,9 @@ class _FakeGluon:
         return (config is not None and self._supports(q4, k4, v4, config, layout)
                 and (not layout or do4.is_contiguous()))
 
-    def backward(self, q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal):
+    def backward(self, q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal):
         assert all(x.is_contiguous() for x in (q4, k4, v4, do4)) and dq32.dtype == torch.float32
+        assert dq4.dtype == q4.dtype and dq4.shape == q4.shape
         assert not dq32.any()  # zeroed: the kernel adds into it
         self.calls.append(q4.shape)
         with torch.enable_grad():  # called from autograd's backward
@@ -666,7 +670,7 @@ class _FakeGluon:
             o_ref, _ = reference_attention(q64, k64, v64, is_causal)  # (on the CPU)
             dq, dk, dv = torch.autograd.grad(o_ref, (q64, k64, v64), do4.double().cpu())
         assert _rel(delta.cpu(), (o_ref.detach() * do4.double().cpu()).sum(-1)) < 2e-2  # D is ready (bf16 O)
-        dq32.add_(dq.to(dq32)), dk4.copy_(dk), dv4.copy_(dv)
+        dq32.add_(dq.to(dq32)), dk4.copy_(dk), dv4.copy_(dv), dq4.copy_(dq32)
         return "fake 64×128"
 
 

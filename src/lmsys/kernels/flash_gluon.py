@@ -18,7 +18,9 @@ The backward (`backward`, FlashAttention-3's one launch) has the same roles: per
 brings K and V once and Q, dO of every query tile through the ring; the compute partition (two warp
 groups, 64 keys each) runs the five products as wgmma (Sᵀ, dPᵀ, dV += Pᵀ dO, dK += dSᵀ Q, and dQ_tile =
 dS K with dSᵀ through shared memory) and adds each float32 dQ tile to dQ with one TMA bulk reduce-add from
-shared memory. The adds' order varies: not bitwise reproducible (`flash_triton.Policy.deterministic`).
+shared memory; it loads each query tile's L and D one tile ahead, and masks only the tiles across the
+causal diagonal. The adds' order varies: not bitwise reproducible (`flash_triton.Policy.deterministic`).
+`_scale_cast` then turns the float32 dQ into q's dtype with 1/√d applied.
 
 The forward computes what `flash_triton._attn_fwd` computes (O, and L = the natural-log logsumexp that the
 backward reads) for the shapes `usable` accepts; `flash_triton.flash_forward` runs it there when the
@@ -111,10 +113,11 @@ class BwdConfig:
             raise ValueError(f"maxnreg {self.maxnreg} does not fit {self.warps} + 4 warps in the register file")
 
 
-# d 128: 5.89 ms against the tl backward's 6.68 at the leaderboard shape (docs/benchmarks/attention.md,
-# sixth session); dPᵀ beside Sᵀ took 2-6 % off forward+backward through autograd in four rounds of one run
-# (seventh session). d 64 ran 4.0-4.4 ms against the tl kernels' 3.6-3.7, so it keeps the tl kernels.
-BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168, early_dp=True)}
+# At the leaderboard shape (docs/benchmarks/attention.md): d 128 5.40-5.46 ms against the tl backward's
+# 8.0 (with D, the zeroing and the cast, eighth session); dPᵀ beside Sᵀ took 2-6 % off forward+backward
+# through autograd (seventh session). d 64 3.51-3.54 against the tl kernels' 3.65-3.70 once each tile's L
+# and D were loaded under the tile before (eighth session; 4.0-4.1 against 3.6 before that).
+BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168, early_dp=True), 64: BwdConfig(64, 128, 2, 8, 168, early_dp=True)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
@@ -408,17 +411,19 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     mbarrier.wait(kv_bar, 0)
     per_head = n_m - first_m
-    for t in range(GROUP * per_head):
+    n_steps = GROUP * per_head
+    cols_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    lse = gl.load(L + lse_row0 + first_m * BLOCK_M + cols_m)  # the first tile's L and D (each tile loads the next's)
+    delta = gl.load(Delta + lse_row0 + first_m * BLOCK_M + cols_m)
+    for t in range(n_steps):
         s = t % STAGES
         phase = (t // STAGES) & 1
         start_m = (first_m + t % per_head) * BLOCK_M
-        row = lse_row0 + (t // per_head) * N_CTX + start_m
-        cols_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-        lse2 = gl.load(L + row + cols_m) * 1.4426950408889634  # natural log to log2
-        delta = gl.load(Delta + row + cols_m)
+        row = lse_row0 + (t // per_head) * N_CTX + start_m  # of Q, dO, dQ, L and D
 
         mbarrier.wait(q_ready.index(s), phase)
         st_tok = warpgroup_mma(k_smem, q_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        lse2 = lse * 1.4426950408889634  # natural log to log2
         if EARLY_DP:
             mbarrier.wait(do_ready.index(s), phase)
             dpt_tok = warpgroup_mma(v_smem, do_smem.index(s).permute((1, 0)), st_zero, use_acc=False,
@@ -428,7 +433,10 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
             st = warpgroup_mma_wait(0, deps=[st_tok])
         pt = gl.exp2(st * qk_scale - lse2[None, :])
         if CAUSAL:
-            pt = gl.where(start_m + cols_m[None, :] >= offs_n[:, None], pt, 0.0)  # (no-op below the diagonal)
+            # only the tiles across the diagonal (the first BLOCK_N / BLOCK_M of each head) mask: masking
+            # all cost 1-2 % (attention.md, eighth session)
+            if start_m < start_n + BLOCK_N:
+                pt = gl.where(start_m + cols_m[None, :] >= offs_n[:, None], pt, 0.0)
         if EARLY_DP:
             dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_smem.index(s), dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # (dV runs on)
@@ -451,9 +459,16 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         tma.store_wait(1)  # the reduce of tile t-2 has read dq_smem[t % 2] (its issuing thread; the barrier tells all)
         gl.thread_barrier()  # both warp groups' rows of dSᵀ are in place
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+        # The next tile's L and D (the first's again after the last), loaded under this tile's products and
+        # barriers. Loaded at the tile's start, their latency stalled the dPᵀ issue: 13 % of the compute
+        # warps' stall samples in ncu, 5-7 % of the kernel's time (attention.md, eighth session).
+        tn = (t + 1) % n_steps
+        row_n = lse_row0 + (tn // per_head) * N_CTX + (first_m + tn % per_head) * BLOCK_M
+        lse = gl.load(L + row_n + cols_m)
+        delta = gl.load(Delta + row_n + cols_m)
         dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok])
         dq_buf = dq_smem.index(t % 2)
-        dq_buf.store(dq * sm_scale)
+        dq_buf.store(dq)  # (1/√d is applied by the cast that follows the launch)
         fence_async_shared()
         gl.thread_barrier()  # both warp groups' columns of the dQ tile are in place
         mbarrier.arrive(empty.index(s), count=1)  # the slot's Q and dO are read
@@ -504,6 +519,21 @@ def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_
         (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M, STAGES)),
     ], [1], [24])
+
+
+CAST_BLOCK = 4096  # elements per program of _scale_cast: 8 per thread at a time (16-byte stores of bf16)
+
+
+@gluon.jit
+def _scale_cast(X, Y, scale, n, BLOCK: gl.constexpr, num_warps: gl.constexpr):
+    """Y = X·scale in Y's dtype, flat: the backward's float32 dQ to q's dtype, 1/√d applied on the way.
+    At the leaderboard shape (d 128) 0.048 ms, as long as a plain .to(bf16); torch.mul with a bf16 `out`
+    took its unvectorised casting path, 0.068 ms."""
+    layout: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])
+    offs = gl.program_id(0).to(gl.int64) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    mask = offs < n
+    x = gl.load(X + offs, mask=mask)
+    gl.store(Y + offs, (x * scale).to(Y.dtype.element_ty), mask=mask)
 
 
 def descriptors(q, k, v, block_m: int, block_n: int):
@@ -558,16 +588,19 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
 
 def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None, layout: bool = True) -> bool:
     """Whether `backward` runs these [Z, H, N, d] inputs: `usable`'s conditions with the backward's tiles
-    (by default BWD_CONFIGS' for the head dim: d 128 only), dO shaped like q, and (unless layout=False) all
+    (by default BWD_CONFIGS' for the head dim: d 64 and 128), dO shaped like q, and (unless layout=False) all
     four contiguous and aligned."""
     config = config or BWD_CONFIGS.get(q4.shape[-1])
     return (config is not None and usable(q4, k4, v4, config, layout) and do4.shape == q4.shape
             and do4.dtype == q4.dtype and (not layout or (do4.is_contiguous() and do4.data_ptr() % 16 == 0)))
 
 
-def backward(q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal: bool, config: BwdConfig | None = None) -> str:
-    """dK, dV into dk4, dv4 and dQ added into dq32 (float32, [Z, H, N, d], zeroed), from L and D = rowsum(dO ∘ O)
-    ([Z, H, N] float32, contiguous), for inputs `usable_backward` accepted; the tiles it ran."""
+def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
+             config: BwdConfig | None = None) -> str:
+    """dQ, dK, dV into dq4, dk4, dv4 from L and D = rowsum(dO ∘ O) ([Z, H, N] float32, contiguous), for
+    inputs `usable_backward` accepted; the tiles it ran. dq32 (float32, [Z, H, N, d], zeroed) is the
+    kernel's: it adds dS·K into it, and one pass casts that, times 1/√d, into dq4 (the scale is free there
+    and costs a multiply per element per key tile in the kernel)."""
     Z, H, n, d = q4.shape
     c = config or BWD_CONFIGS[d]
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m, c.block_n)
@@ -578,4 +611,6 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dk4, dv4, is_causal: bool, confi
         q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
         n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
         CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)
+    n = dq32.numel()
+    _scale_cast[(triton.cdiv(n, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), n, BLOCK=CAST_BLOCK, num_warps=4)
     return f"gluon {c.block_m}×{c.block_n}"

@@ -5,7 +5,7 @@ Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attenti
   base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
   write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
 - Backward, deterministic (the default everywhere but where lmsys.kernels.flash_gluon's one-launch
-  backward runs, Hopper at d 128; always with `deterministic=True`): a dQ kernel, one program per query
+  backward runs, Hopper at d 64 and 128; always with `deterministic=True`): a dQ kernel, one program per query
   tile, that computes its rows of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV
   kernel, one program per (key tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ
   Q). No atomics. With `deterministic=False` a preprocess kernel computes D, then one launch does the
@@ -399,7 +399,7 @@ class Policy:
       int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
     configs: per-kernel lists that `pick` chooses from instead of CONFIGS (needs a pick).
     deterministic: None (the default) = the fastest measured for the shape: with `gluon` on, the Gluon
-      one-launch backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 128; strided
+      one-launch backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 64/128; strided
       views copied) and there are at least GLUON_BWD_MIN_KEYS keys (not bitwise reproducible), the two
       atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
       False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
@@ -437,8 +437,8 @@ class Policy:
 
 # What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
-# deterministic=None takes the Gluon one-launch backward from this many keys: measured 7-12 % faster at
-# 16,384 (H200, d 128); shorter sequences are unmeasured, and there its four launches (zeroed dQ, D, the
+# deterministic=None takes the Gluon one-launch backward from this many keys: measured 30 % faster at d 128
+# and 4 % at d 64, at 16,384 keys (H200, eighth session of 2026-12-01); shorter sequences are unmeasured, and there its four launches (zeroed dQ, D, the
 # kernel, the cast) against the tl kernels' two, and the copies of strided inputs, weigh more.
 GLUON_BWD_MIN_KEYS = 4096
 
@@ -978,9 +978,10 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
                 o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d,
                 HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=pre_block)
         if gluon is not None:
-            policy.ran["bwd"] = gluon.backward(q4, k4, v4, do4, lse3, delta, dq4, dk4, dv4, is_causal)
+            dq = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
+            policy.ran["bwd"] = gluon.backward(q4, k4, v4, do4, lse3, delta, dq4, dq, dk4, dv4, is_causal)
             policy.ran.pop("dq", None), policy.ran.pop("dkdv", None)  # what an earlier call ran
-            return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+            return dq.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
         policy.ran.pop("bwd", None)
         if not atomic:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
             _launch("dq", grid_queries,
