@@ -27,5 +27,5 @@ for d in (64, 128):
                 f()
             torch.cuda.synchronize()
         kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
-        for e in sorted(kernels, key=lambda e: -e.device_time_total)[:4]:
+        for e in sorted(kernels, key=lambda e: -e.device_time_total)[:6]:
             print(f"| {d} | {name} | {e.key[:70]} | {e.count} | {e.device_time_total / e.count / 1000:.3f} |", flush=True)
