@@ -697,7 +697,8 @@ def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeyp
                                            ((32, 128, 2, 8, 168), "needs 64 or 128"),
                                            ((64, 64, 2, 8, 168), "needs 64 or 128"),
                                            ((64, 128, 0, 8, 168), "needs 64 or 128"),
-                                           ((64, 128, 2, 8, 200), "register file")])
+                                           ((64, 128, 2, 8, 200), "register file"),
+                                           ((64, 112, 2, 7, 168), "needs 64 or 128")])  # not whole warp groups
 def test_gluon_backward_config_refuses_what_cannot_launch(args, message):
     gluon = _gluon_module()
     with pytest.raises(ValueError, match=message):
@@ -736,3 +737,20 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
     _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
     assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GLUON_CASES[::2])
+def test_gpu_gluon_poly_exp_matches_float64(case, monkeypatch):
+    """`Config.poly_exp` and `BwdConfig.poly_exp` (half of each tile's exponentials by a cubic on the FMA
+    pipe): the same float64 check with both on, before either becomes a default."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels are for Hopper")
+    gluon = _gluon_module()
+    lead, hq, hkv, n, d, causal, dtype = case
+    monkeypatch.setitem(gluon.CONFIGS, d, replace(gluon.CONFIGS[d], poly_exp=True))
+    monkeypatch.setitem(gluon.BWD_CONFIGS, d, replace(gluon.BWD_CONFIGS[d], poly_exp=True))
+    q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d + 1)
+    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
+    _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
+    assert policy.ran["fwd"].startswith("gluon") and policy.ran["bwd"].startswith("gluon"), policy.ran

@@ -106,7 +106,7 @@ class BwdConfig:
     poly_exp: bool = False
 
     def __post_init__(self):
-        if (self.block_m not in (64, 128) or (self.warps // 4) % (self.block_m // 64)
+        if (self.block_m not in (64, 128) or self.warps % 4 or (self.warps // 4) % (self.block_m // 64)
                 or self.block_n != 16 * self.warps or self.stages < 1):
             raise ValueError(f"backward tiles {self.block_m}×{self.block_n} with {self.warps} warps, "
                              f"{self.stages} stages: needs 64 or 128 (an m64 per warp group) × 16·warps "
@@ -367,7 +367,8 @@ def _exp2_fma(x):
     """2^x without MUFU (FlashAttention-4's trick, for the share of a tile the MUFU unit does not take):
     x = n + f with n the nearest integer (adding 1.5·2^23 rounds in the FADD; no F2I, which shares MUFU's
     quarter-rate pipe), 2^f for f in [-1/2, 1/2] by a cubic (relative error 1.1e-4, under bf16's 3.9e-3),
-    and 2^n added to the exponent bits: 8 single-rate instructions. x below -127 gives 0."""
+    and 2^n added to the exponent bits: 8-9 single-rate instructions. For x <= 127 (the softmax's are <= 0):
+    below -127 it gives 0, and a NaN gives 0 where MUFU would give NaN."""
     x = gl.maximum(x, -127.0)
     xr = x + 12582912.0  # n + 1.5·2^23: n sits in the low mantissa bits
     f = x - (xr - 12582912.0)
@@ -646,6 +647,8 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
         q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
         n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
         CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, POLY_EXP=c.poly_exp, num_warps=c.warps, maxnreg=c.maxnreg)
-    n = dq32.numel()
-    _scale_cast[(triton.cdiv(n, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), n, BLOCK=CAST_BLOCK, num_warps=4)
+    assert dq32.is_contiguous() and dq4.is_contiguous() and dq4.shape == dq32.shape  # flat, elementwise
+    elems = dq32.numel()
+    _scale_cast[(triton.cdiv(elems, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), elems, BLOCK=CAST_BLOCK,
+                                                   num_warps=4)
     return f"gluon {c.block_m}×{c.block_n}"

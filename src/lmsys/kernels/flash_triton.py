@@ -438,8 +438,9 @@ class Policy:
 # What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
 # deterministic=None takes the Gluon one-launch backward from this many keys: measured 30 % faster at d 128
-# and 4 % at d 64, at 16,384 keys (H200, eighth session of 2026-12-01); shorter sequences are unmeasured, and there its four launches (zeroed dQ, D, the
-# kernel, the cast) against the tl kernels' two, and the copies of strided inputs, weigh more.
+# and 4 % at d 64, at 16,384 keys (H200, eighth session of 2026-12-01); shorter sequences are unmeasured,
+# and there its four launches (zeroed dQ, D, the kernel, the cast) against the tl kernels' two, and the
+# copies of strided inputs, weigh more.
 GLUON_BWD_MIN_KEYS = 4096
 
 
