@@ -73,6 +73,11 @@ def compile_only() -> int:
     return 0 if ok else 1
 
 
+def runs_at(d: int, c: BwdConfig | None, module) -> bool:
+    """Whether a variant runs at head dim d: one of CONFIGS[d], or an --against module's shipped config."""
+    return c in CONFIGS[d] if c is not None else d in module.BWD_CONFIGS
+
+
 def load_against(path: str):
     """An earlier flash_gluon.py, imported as a module of its own."""
     import importlib.util
@@ -107,7 +112,7 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
         o_ref, _ = reference_attention(q64, k64, v64, causal, device=dev)
         refs = torch.autograd.grad(o_ref, (q64, k64, v64), do.double())
         for label, (c, module) in variants.items():
-            if c is not None and c not in CONFIGS[d] or c is None and d not in module.BWD_CONFIGS:
+            if not runs_at(d, c, module):
                 continue
             grads = one_launch(q, k, v, do, lse, delta, causal, c, module)
             errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(grads, refs)]
@@ -125,7 +130,7 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
         rows = {"flash-triton tl backward (dQ + dK/dV kernels)":
                 lambda: flash_triton.flash_backward(q, k, v, o, lse, do, True, policy=tl)}
         for label, (c, module) in variants.items():
-            if c is not None and c not in CONFIGS[d] or c is None and d not in module.BWD_CONFIGS:
+            if not runs_at(d, c, module):
                 continue
             rows[f"gluon one launch, {label}"] = lambda c=c, m=module: one_launch(
                 q, k, v, do, lse, (o.float() * do.float()).sum(-1), True, c, m)

@@ -639,6 +639,7 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     and costs a multiply per element per key tile in the kernel)."""
     Z, H, n, d = q4.shape
     c = config or BWD_CONFIGS[d]
+    assert dq32.is_contiguous() and dq4.is_contiguous() and dq4.shape == dq32.shape  # _scale_cast is flat
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m, c.block_n)
     do_desc = TensorDescriptor.from_tensor(do4.reshape(-1, d), [c.block_m, d], q_desc.layout)
     dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
@@ -647,7 +648,6 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
         q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
         n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
         CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, POLY_EXP=c.poly_exp, num_warps=c.warps, maxnreg=c.maxnreg)
-    assert dq32.is_contiguous() and dq4.is_contiguous() and dq4.shape == dq32.shape  # flat, elementwise
     elems = dq32.numel()
     _scale_cast[(triton.cdiv(elems, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), elems, BLOCK=CAST_BLOCK,
                                                    num_warps=4)
