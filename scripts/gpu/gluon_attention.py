@@ -7,6 +7,9 @@ ptxas says of spills and of wgmma serialisation (C7514), which is what sank the 
 
     PYTHONPATH=src python scripts/gpu/gluon_attention.py --compile-only   # CPU, triton 3.6
     PYTHONPATH=src python scripts/gpu/gluon_attention.py                  # an H100/H200
+
+With --against FILE (a flash_gluon.py of an earlier commit: `git show REV:src/lmsys/kernels/flash_gluon.py >
+FILE`) that version's forward at its own shipped tiles is checked and timed in the same run, beside SWEEP.
 """
 from __future__ import annotations
 
@@ -21,21 +24,18 @@ from lmsys.kernels.flash_gluon import Config, _attn_fwd_ws
 PIPELINES = {0: "", 1: ", next QKᵀ under softmax", 2: ", FA3 order (QKᵀ and PV under softmax)"}
 # Configs timed at the leaderboard shape: Config(BLOCK_M, BLOCK_N, STAGES, PIPELINE, warps, maxnreg, consumers)
 # (the seventh session's wider sweep, one consumer, one warp group per CTA: docs/benchmarks/attention.md)
-SWEEP = [Config(128, 128, 3, 1, 8, 168, 2), Config(128, 128, 3, 2, 8, 168, 2),  # the shipped d 128, d 64
-         # half of each tile's exponentials on the FMA pipe (FlashAttention-4's trick; eighth session, unmeasured)
-         Config(128, 128, 3, 1, 8, 168, 2, True), Config(128, 128, 3, 2, 8, 168, 2, True)]
+# next QKᵀ under the softmax (d 128's until the ninth session), FA3's order (shipped at d 64 and 128)
+SWEEP = [Config(128, 128, 3, 1, 8, 168, 2), Config(128, 128, 3, 2, 8, 168, 2)]
 # Configs checked against float64 (more shapes, fewer timings)
 CHECKED = [Config(128, 128, 2, 2, 8, 168), Config(128, 128, 3, 1, 8, 168), Config(128, 128, 2, 0, 8, 168),
            Config(128, 64, 2, 2, 8, 168), Config(128, 128, 3, 1, 8, 168, 2), Config(128, 128, 3, 2, 8, 168, 2),
            Config(128, 128, 2, 0, 8, 168, 2), Config(128, 64, 3, 1, 8, 168, 2), Config(64, 128, 2, 1, 4, 128),
-           Config(64, 128, 3, 2, 4, 128), Config(64, 64, 4, 2, 4, 128), Config(128, 128, 3, 1, 8, 168, 2, True),
-           Config(128, 128, 3, 2, 8, 168, 2, True)]
+           Config(64, 128, 3, 2, 4, 128), Config(64, 64, 4, 2, 4, 128)]
 
 
 def label(c: Config) -> str:
     return (f"{c.block_m}×{c.block_n}, {c.stages} st, {c.warps} warps"
-            f"{', 2 consumers' if c.consumers == 2 else ''}{PIPELINES[c.pipeline]}"
-            f"{', half the exponentials on FMA' if c.poly_exp else ''}")
+            f"{', 2 consumers' if c.consumers == 2 else ''}{PIPELINES[c.pipeline]}")
 
 
 def fits(c: Config, d: int) -> bool:
@@ -49,6 +49,25 @@ def gluon_forward(q, k, v, causal: bool, config: Config):
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     flash_gluon.forward(q, k, v, o, lse, causal, config)
+    return o, lse
+
+
+def load_against(path: str):
+    """An earlier flash_gluon.py, imported as a module of its own (also used by gluon_backward.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flash_gluon_against", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look themselves up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def against_forward(module, q, k, v, causal: bool):
+    """(O, L) from an --against module's forward at its own shipped config."""
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    module.forward(q, k, v, o, lse, causal)
     return o, lse
 
 
@@ -67,7 +86,7 @@ def compile_only(args) -> int:
                        0.5, 256, 1, 1]
             warps = c.warps // c.consumers  # the launch's num_warps: the default partition's
             consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=True,
-                          PIPELINE=c.pipeline, CONSUMERS=c.consumers, POLY_EXP=c.poly_exp, num_warps=warps)
+                          PIPELINE=c.pipeline, CONSUMERS=c.consumers, num_warps=warps)
             ok &= report(f"d {d}, {label(c)}, maxnreg {c.maxnreg}",
                          lambda: compile_gluon(_attn_fwd_ws, example, consts, num_warps=warps, maxnreg=c.maxnreg))
     return 0 if ok else 1
@@ -77,20 +96,22 @@ def check_and_time(args) -> int:
     from lmsys.kernels.flash_check import reference_attention
     from lmsys.kernels.flash_triton import flash_forward
 
+    against = load_against(args.against) if args.against else None
     torch.manual_seed(0)
     dev = "cuda"
     for (B, H, N, d, causal) in [(2, 3, 384, 64, True), (1, 2, 512, 128, True), (2, 2, 256, 128, False),
                                  (1, 4, 640, 64, False), (1, 2, 1536, 64, True), (1, 2, 1280, 128, True)]:
         q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
         ref_o, ref_l = reference_attention(q, k, v, causal, device=dev)
-        for c in CHECKED:
-            if not fits(c, d):
-                continue
-            o, lse = gluon_forward(q, k, v, causal, c)
+        runs = {label(c): (lambda c=c: gluon_forward(q, k, v, causal, c)) for c in CHECKED if fits(c, d)}
+        if against:
+            runs[f"{os.path.basename(args.against)}, its own tiles"] = lambda: against_forward(against, q, k, v, causal)
+        for what, run in runs.items():
+            o, lse = run()
             err_o = ((o.double() - ref_o).norm() / ref_o.norm()).item()
             err_l = (lse.double() - ref_l).abs().max().item()
             ok = err_o < 1e-2 and err_l < 1e-2
-            print(f"check B{B} H{H} N{N} d{d} causal {causal} {label(c)}: O rel err {err_o:.2e}, "
+            print(f"check B{B} H{H} N{N} d{d} causal {causal} {what}: O rel err {err_o:.2e}, "
                   f"L max abs err {err_l:.2e} {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 return 1
@@ -103,6 +124,8 @@ def check_and_time(args) -> int:
         for c in SWEEP:
             if fits(c, d):
                 impls[f"gluon {label(c)}"] = lambda c=c: gluon_forward(q, k, v, True, c)
+        if against:
+            impls[f"{os.path.basename(args.against)}, its own tiles"] = lambda: against_forward(against, q, k, v, True)
         for _ in range(args.repeats):  # interleaved: a host's drift shows as spread, not as a difference
             time_rows(d, impls, flops)
     return 0
@@ -151,6 +174,41 @@ def compare_policies(args) -> int:
     return 0
 
 
+def compare_strided(args) -> int:
+    """The model's case (issue 12 item 4): q, k, v as strided views of one projection ([B, N, 3·H·d] seen as
+    [B, H, N, d]), which the Gluon forward takes only as contiguous copies. flash-triton's tl forward on the
+    views, the copies + the Gluon forward, and sdpa on the views, forward and forward+backward, at several
+    sequence lengths (B·N = 65,536 tokens, 16 heads, bf16, causal), interleaved `--repeats` times: the
+    measurement behind flash_triton.GLUON_COPY_MIN_KEYS."""
+    from dataclasses import replace
+
+    from triton.testing import do_bench
+
+    from lmsys.kernels import flash_triton
+
+    print("| d | N | run | impl | fwd ms | fwd+bwd ms |\n|---|---|---|---|---|---|")
+    tl, copy = replace(flash_triton.default_policy(), gluon=False), flash_triton.default_policy()
+    impls = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "flash-triton, tl forward on the views": lambda q, k, v: flash_triton.FlashAttentionTriton.apply(
+                 q, k, v, True, None, replace(tl, ran={})),
+             "flash-triton, copies + Gluon forward": lambda q, k, v: flash_triton.FlashAttentionTriton.apply(
+                 q, k, v, True, None, replace(copy, ran={}))}
+    flash_triton.GLUON_COPY_MIN_KEYS = {64: 0, 128: 0}  # every length takes the copies in the last row
+    for d in (64, 128):
+        for n in (1024, 2048, 4096, 8192, 16384):
+            b, h = 65536 // n, 16
+            qkv = torch.randn(b, n, 3 * h * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            q, k, v = qkv.view(b, n, 3 * h, d).transpose(1, 2).split(h, dim=1)
+            do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+            for run in range(args.repeats):
+                for name, f in impls.items():
+                    with torch.no_grad():
+                        fwd = do_bench(lambda f=f: f(q, k, v), warmup=10, rep=60)
+                    both = do_bench(lambda f=f: torch.autograd.grad(f(q, k, v), qkv, do), warmup=5, rep=60)
+                    print(f"| {d} | {n} | {run} | {name} | {fwd:.3f} | {both:.3f} |", flush=True)
+    return 0
+
+
 def _cudnn(q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -162,11 +220,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--policies", action="store_true", help="flash-triton with Policy.gluon off and on, fwd+bwd")
+    p.add_argument("--strided", action="store_true", help="the model's strided q, k, v: tl forward against copies")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--against", metavar="FILE", help="an earlier flash_gluon.py to check and time beside")
     args = p.parse_args(argv)
     if args.compile_only:
         os.environ.pop("TRITON_INTERPRET", None)
         return compile_only(args)
+    if args.strided:
+        return compare_strided(args)
     return compare_policies(args) if args.policies else check_and_time(args)
 
 

@@ -31,8 +31,8 @@ from lmsys.kernels.flash_gluon import BwdConfig
 
 # per head dim: BLOCK_M (dQ's rows: an m64 per warp group), BLOCK_N = 16·warps, stages, warps, maxnreg
 # early_dp (dPᵀ issued beside Sᵀ)
-CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168, True), BwdConfig(64, 128, 2, 8, 168, True, True)],
-           128: [BwdConfig(64, 128, 2, 8, 168, True), BwdConfig(64, 128, 2, 8, 168, True, True)]}
+CONFIGS = {64: [BwdConfig(64, 128, 2, 8, 168, True)],
+           128: [BwdConfig(64, 128, 2, 8, 168, True)]}
 
 
 def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig | None, module=flash_gluon):
@@ -49,7 +49,7 @@ def one_launch(q, k, v, do, lse, delta, causal, config: BwdConfig | None, module
 
 def name(c: BwdConfig) -> str:
     return (f"{c.block_m}×{c.block_n}, {c.stages} st, {c.warps} warps, maxnreg {c.maxnreg}"
-            f"{', dPᵀ beside Sᵀ' if c.early_dp else ''}{', half the exponentials on FMA' if c.poly_exp else ''}")
+            f"{', dPᵀ beside Sᵀ' if c.early_dp else ''}")
 
 
 def compile_only() -> int:
@@ -66,7 +66,7 @@ def compile_only() -> int:
                                                        gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
                 example = [q_desc, k_desc, v_desc, q_desc, dq_desc, f32, f32, x, x, 0.5, 0.5, 256, 1, 1]
                 consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=causal,
-                              EARLY_DP=c.early_dp, POLY_EXP=c.poly_exp, num_warps=c.warps)
+                              EARLY_DP=c.early_dp, num_warps=c.warps)
                 ok &= report(f"d {d}, causal {causal}, {name(c)}",
                              lambda: compile_gluon(flash_gluon._attn_bwd_ws, example, consts, num_warps=c.warps,
                                                    maxnreg=c.maxnreg))
@@ -78,19 +78,8 @@ def runs_at(d: int, c: BwdConfig | None, module) -> bool:
     return c in CONFIGS[d] if c is not None else d in module.BWD_CONFIGS
 
 
-def load_against(path: str):
-    """An earlier flash_gluon.py, imported as a module of its own."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("flash_gluon_against", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look themselves up there)
-    spec.loader.exec_module(module)
-    return module
-
-
 def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128)) -> int:
-    from gluon_attention import time_rows  # this script's folder is on sys.path when it runs
+    from gluon_attention import load_against, time_rows  # this script's folder is on sys.path when it runs
 
     from lmsys.kernels import flash_triton
     from lmsys.kernels.flash_check import reference_attention

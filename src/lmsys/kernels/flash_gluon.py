@@ -63,7 +63,6 @@ class Config:
     warps: int
     maxnreg: int
     consumers: int = 1
-    poly_exp: bool = False
 
     def __post_init__(self):
         if self.block_m != 16 * self.warps:  # one m64 wgmma per warp group of four warps
@@ -82,11 +81,12 @@ class Config:
 
 
 # The head dims the kernel runs by default, with the fastest config of scripts/gpu/gluon_attention.py's sweep
-# at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md, seventh session of 2026-12-01):
-# two consumer warp groups of 64 query rows each, in partitions of their own (no lockstep between them).
-# d 128 with the next QKᵀ under the softmax: 0.83-0.90x the one-partition kernel's time, 0.97-0.98x
-# cuDNN's, in five rounds of two runs; d 64 in FlashAttention-3's order: 0.96-0.98x the tl forward's.
-CONFIGS = {128: Config(128, 128, 3, 1, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
+# at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md): two consumer warp groups of 64
+# query rows each, in partitions of their own (no lockstep between them), in FlashAttention-3's order (QKᵀ
+# and PV under the softmax). Until the softmax's exponent became one FFMA (ninth session), d 128 was
+# fastest with only the next QKᵀ under the softmax; since, FA3's order is 0.92-0.95x that config's time
+# in three rounds (1.70-1.78 ms against 1.87-2.03), and d 64's 0.97-0.98x the session before's.
+CONFIGS = {128: Config(128, 128, 3, 2, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,6 @@ class BwdConfig:
     warps: int
     maxnreg: int
     early_dp: bool = False
-    poly_exp: bool = False
 
     def __post_init__(self):
         if (self.block_m not in (64, 128) or self.warps % 4 or (self.warps // 4) % (self.block_m // 64)
@@ -153,27 +152,27 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_rea
 @gluon.jit
 def _scores(s_acc, m_i, qk_scale, start_m, start_n, MASK: gl.constexpr, s_layout: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One tile's scores in log2 units (masked on the diagonal), the new running max and the factor
-    alpha that rescales what came before."""
-    s = s_acc * qk_scale
+    """One tile's raw scores (masked on the diagonal), the new running max in log2 units and the factor
+    alpha that rescales what came before. The scale is applied to the row max only (it is positive, so
+    it commutes with max): the exponent s·scale − m is then one FFMA per element, not FMUL + FADD."""
+    s = s_acc
     if MASK:
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where(rows[:, None] >= cols[None, :], s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     return s, m_new, gl.exp2(m_i - m_new)
 
 
 @gluon.jit
 def _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-             p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DTYPE: gl.constexpr,
-             POLY: gl.constexpr = False):
+             p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DTYPE: gl.constexpr):
     """P_j (bf16, as the A operand of the PV product), the new running max and sum, and alpha."""
     if CAUSAL and j >= n_full:
         s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, True, s_layout, BLOCK_M, BLOCK_N)
     else:
         s, m_new, alpha = _scores(s_acc, m_i, qk_scale, start_m, j * BLOCK_N, False, s_layout, BLOCK_M, BLOCK_N)
-    p = _exp2_split(s - m_new[:, None], s_layout, POLY)
+    p = gl.exp2(gl.fma(s, qk_scale, -m_new[:, None]))
     l_i = l_i * alpha + gl.sum(p, 1)
     return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
 
@@ -181,8 +180,7 @@ def _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL: gl.constexpr
 @gluon.jit
 def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, s_zero, qk_scale, start_m,
           n_full, CAUSAL: gl.constexpr, NEXT: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-          o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          POLY: gl.constexpr = False):
+          o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Key tile j, its scores S_j (s_acc) done: softmax, then O += P V_j. With NEXT, S_{j+1} is issued once O
     is rescaled (no product in flight then) and runs under the exponentials; it is returned as s_acc."""
     st = j % STAGES
@@ -196,7 +194,7 @@ def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, k
         mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
-    p = _exp2_split(s - m_new[:, None], s_layout, POLY)
+    p = gl.exp2(gl.fma(s, qk_scale, -m_new[:, None]))
     l_i = l_i * alpha + gl.sum(p, 1)
     p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
     mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
@@ -213,7 +211,7 @@ def _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready, k
 def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
                        tile_m, qk_scale, PART: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                       PIPELINE: gl.constexpr, POLY_EXP: gl.constexpr, num_warps: gl.constexpr):
+                       PIPELINE: gl.constexpr, num_warps: gl.constexpr):
     """Rows [PART·BLOCK_M, (PART+1)·BLOCK_M) of the program's query tile (which starts at tile_m) against
     every key tile the tile sees."""
     q_smem = q_parts.index(PART)
@@ -243,7 +241,7 @@ def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empt
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(0, deps=[s_tok])
         p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, 0, n_full, CAUSAL, s_layout, p_layout,
-                                         BLOCK_M, BLOCK_N, dtype, POLY_EXP)
+                                         BLOCK_M, BLOCK_N, dtype)
         for j in range(1, n_tiles):
             st = j % STAGES
             prev = (j - 1) % STAGES
@@ -253,7 +251,7 @@ def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empt
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), o_acc, is_async=True)
             s_acc = warpgroup_mma_wait(1, deps=[s_tok])
             p_op, m_i, l_i, alpha = _softmax(s_acc, m_i, l_i, qk_scale, start_m, j, n_full, CAUSAL, s_layout,
-                                             p_layout, BLOCK_M, BLOCK_N, dtype, POLY_EXP)
+                                             p_layout, BLOCK_M, BLOCK_N, dtype)
             o_acc = warpgroup_mma_wait(0, deps=[o_tok])
             mbarrier.arrive(kv_empty.index(prev), count=1)
             o_acc = o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -272,10 +270,10 @@ def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empt
         for j in range(n_tiles - 1):
             s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
                                            kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, True, STAGES,
-                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, POLY_EXP)
+                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
         s_acc, m_i, l_i, o_acc = _step(n_tiles - 1, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready,
                                        v_ready, kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
-                                       s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, POLY_EXP)
+                                       s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
     else:
         for j in range(n_tiles):
             mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
@@ -284,7 +282,7 @@ def _compute_partition(q_parts, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empt
             s_acc = warpgroup_mma_wait(0, deps=[s_tok])
             s_acc, m_i, l_i, o_acc = _step(j, s_acc, m_i, l_i, o_acc, q_smem, k_smem, v_smem, k_ready, v_ready,
                                            kv_empty, s_zero, qk_scale, start_m, n_full, CAUSAL, False, STAGES,
-                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, POLY_EXP)
+                                           s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N)
 
     # O = acc / l; L = natural-log logsumexp of the scaled scores
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -318,7 +316,7 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
 @gluon.jit
 def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr, POLY_EXP: gl.constexpr,
+                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr,
                  num_warps: gl.constexpr):
     """One program per (query tile, batch·query head), heaviest causal tiles first; q, O as [Z·H·N, d],
     k, v as [Z·(H/GROUP)·N, d]. q_desc's tiles are the consumers' parts: BLOCK_M / CONSUMERS rows."""
@@ -345,10 +343,10 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
         gl.warp_specialize([
             (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
                                   start_m, qk_scale, 0, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
-                                  POLY_EXP, num_warps)),
+                                  num_warps)),
             (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
                                   start_m, qk_scale, 1, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
-                                  POLY_EXP, num_warps)),
+                                  num_warps)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
                                row0 + start_m, kv_row0, n_tiles, BLOCK_N, STAGES, CONSUMERS)),
         ], [num_warps, 1], [240, 24])
@@ -356,40 +354,10 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
         gl.warp_specialize([
             (_compute_partition, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, L, row0, n_tiles,
                                   start_m, qk_scale, 0, PART_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PIPELINE,
-                                  POLY_EXP, num_warps)),
+                                  num_warps)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
                                row0 + start_m, kv_row0, n_tiles, BLOCK_N, STAGES, CONSUMERS)),
         ], [1], [24])
-
-
-@gluon.jit
-def _exp2_fma(x):
-    """2^x without MUFU (FlashAttention-4's trick, for the share of a tile the MUFU unit does not take):
-    x = n + f with n the nearest integer (adding 1.5·2^23 rounds in the FADD; no F2I, which shares MUFU's
-    quarter-rate pipe), 2^f for f in [-1/2, 1/2] by a cubic (relative error 1.1e-4, under bf16's 3.9e-3),
-    and 2^n added to the exponent bits: 8-9 single-rate instructions. For x <= 127 (the softmax's are <= 0):
-    below -127 it gives 0, and a NaN gives 0 where MUFU would give NaN."""
-    x = gl.maximum(x, -127.0)
-    xr = x + 12582912.0  # n + 1.5·2^23: n sits in the low mantissa bits
-    f = x - (xr - 12582912.0)
-    p = gl.fma(gl.fma(gl.fma(f, 0.05459918, 0.24221789), f, 0.69336728), f, 1.0)
-    # (bits(xr) << 23) mod 2^32 = n << 23: the magic's own bits shift out
-    bits = p.to(gl.int32, bitcast=True) + (xr.to(gl.int32, bitcast=True) << 23)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _exp2_split(x, layout: gl.constexpr, POLY: gl.constexpr):
-    """2^x of a [R, C] tile; with POLY the odd columns on the FMA pipe (_exp2_fma) beside the even ones
-    on MUFU, whose 16 results per clock per SM bound the softmax."""
-    if POLY:
-        R: gl.constexpr = x.shape[0]
-        C: gl.constexpr = x.shape[1]
-        even, odd = gl.split(gl.reshape(x, [R, C // 2, 2]))
-        y = gl.reshape(gl.join(gl.exp2(even), _exp2_fma(odd)), [R, C])
-        return gl.convert_layout(y, layout)
-    else:
-        return gl.exp2(x)
 
 
 @builtin
@@ -426,7 +394,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
                            Delta, DK, DV, dq_desc, lse_row0, start_n, first_m, n_m, GROUP, N_CTX, dk_row, qk_scale,
                            sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr,
-                           POLY_EXP: gl.constexpr, num_warps: gl.constexpr):
+                           num_warps: gl.constexpr):
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                         instr_shape=[16, BLOCK_M, 16])  # Sᵀ, dPᵀ [BN, BM]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -466,7 +434,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
             st = warpgroup_mma_wait(1, deps=[st_tok])  # dPᵀ runs on under the exponentials
         else:
             st = warpgroup_mma_wait(0, deps=[st_tok])
-        pt = _exp2_split(st * qk_scale - lse2[None, :], st_layout, POLY_EXP)
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
         if CAUSAL:
             # only the tiles across the diagonal (the first BLOCK_N / BLOCK_M of each head) mask: masking
             # all cost 1-2 % (attention.md, eighth session)
@@ -521,7 +489,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
 @gluon.jit
 def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_scale, sm_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, POLY_EXP: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
     """One program per (key tile, batch·key/value head): dK, dV of its keys, and its share of dQ added to
     the float32 dQ (zeroed) behind dq_desc. q, dO, dQ as [Z·H·N, d], k, v, dK, dV as [Z·(H/GROUP)·N, d],
     L and D as [Z·H·N]."""
@@ -550,7 +518,7 @@ def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_
         (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                                   empty, L, Delta, DK, DV, dq_desc, q_row0, start_n, first_m, n_m, GROUP, N_CTX,
                                   kv_row, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                  EARLY_DP, POLY_EXP, num_warps)),
+                                  EARLY_DP, num_warps)),
         (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                                do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M, STAGES)),
     ], [1], [24])
@@ -616,7 +584,7 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
     _attn_fwd_ws[(n // c.block_m, Z * H)](q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H,
                                           H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d,
                                           STAGES=c.stages, CAUSAL=bool(is_causal), PIPELINE=c.pipeline,
-                                          CONSUMERS=c.consumers, POLY_EXP=c.poly_exp,
+                                          CONSUMERS=c.consumers,
                                           num_warps=c.warps // c.consumers,
                                           maxnreg=c.maxnreg)
     return f"gluon {c.block_m}×{c.block_n}"
@@ -647,7 +615,7 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     _attn_bwd_ws[(n // c.block_n, Z * k4.shape[1])](
         q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
         n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
-        CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, POLY_EXP=c.poly_exp, num_warps=c.warps, maxnreg=c.maxnreg)
+        CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)
     elems = dq32.numel()
     _scale_cast[(triton.cdiv(elems, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), elems, BLOCK=CAST_BLOCK,
                                                    num_warps=4)

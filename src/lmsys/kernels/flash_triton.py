@@ -442,6 +442,12 @@ DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
 # and there its four launches (zeroed dQ, D, the kernel, the cast) against the tl kernels' two, and the
 # copies of strided inputs, weigh more.
 GLUON_BWD_MIN_KEYS = 4096
+# Per head dim, from how many keys the forward copies strided q, k, v (the model's views of one projection)
+# for the Gluon forward; elsewhere the tl forward reads them in place. Measured with
+# `scripts/gpu/gluon_attention.py --strided` (H200, ninth session of 2026-12-01; B·N = 65,536 tokens, 16
+# heads): at d 128 and 16,384 keys the copies + Gluon took 8.44-8.49 ms against the tl forward's 8.99-9.04;
+# at 8,192 a tie, shorter a loss (at 1,024: 1.83 against 0.84); at d 64 a loss at every length.
+GLUON_COPY_MIN_KEYS = {128: 16384}
 
 
 def default_policy() -> Policy:
@@ -904,6 +910,11 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
     o4 = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     gluon = _gluon() if policy.gluon else None
+    if gluon is not None and n_k >= GLUON_COPY_MIN_KEYS.get(d, math.inf) and not gluon.usable(q4, k4, v4) \
+            and gluon.usable(q4, k4, v4, layout=False):
+        # TMA reads [rows, d] tiles: strided views (the model's q, k, v from one projection) are copied
+        # once where the Gluon forward then saves more than the copies cost
+        q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
     if gluon is not None and gluon.usable(q4, k4, v4):
         with _device_guard(q.device):
             policy.ran["fwd"] = gluon.forward(q4, k4, v4, o4, lse, is_causal)
