@@ -49,8 +49,11 @@ def _interrupt_mid_run(tmp_path, args: list[str], sig: int, *, ranks: int = 2) -
     env = dict(os.environ, PYTHONPATH=SRC, TMPDIR=str(tmpdir), LMSYS_DIST_TIMEOUT_S="120")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LMSYS_DEBUG"):
         env.pop(name, None)
+    # SIGINT as an interactive shell leaves it: a test run started in the background by a non-interactive
+    # shell has it ignored, and `lmsys` keeps an inherited SIG_IGN (as nohup'd jobs expect)
     proc = subprocess.Popen([sys.executable, "-m", "lmsys", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: set[int] = set()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # torchrun and its ranks up, and working for a moment
