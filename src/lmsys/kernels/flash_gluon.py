@@ -84,8 +84,8 @@ class Config:
 # at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md): two consumer warp groups of 64
 # query rows each, in partitions of their own (no lockstep between them), in FlashAttention-3's order (QKᵀ
 # and PV under the softmax). Until the softmax's exponent became one FFMA (ninth session), d 128 was
-# fastest with only the next QKᵀ under the softmax; since, FA3's order is 0.92-0.95x that config's time
-# in three rounds (1.70-1.78 ms against 1.87-2.03), and d 64's 0.97-0.98x the session before's.
+# fastest with only the next QKᵀ under the softmax; since, FA3's order takes 0.87-0.92x that config's time
+# in three rounds (1.70-1.78 ms against 1.87-2.03) and 0.92-0.95x the kernel before the FFMA; d 64 0.95-0.98x.
 CONFIGS = {128: Config(128, 128, 3, 2, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
 
 
