@@ -739,6 +739,25 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
 
 
+
+@pytest.mark.gpu
+def test_gpu_gluon_forward_takes_the_models_strided_views_as_copies(monkeypatch):
+    """The model's q, k, v (strided views, GQA) at a head dim and length GLUON_COPY_MIN_KEYS lists: the Gluon
+    forward runs on the copies and matches float64 (the threshold lowered so that the test is short)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels are for Hopper")
+    _gluon_module()
+    monkeypatch.setattr(flash_triton, "GLUON_COPY_MIN_KEYS", {128: 1024})
+    torch.manual_seed(6)
+    n = 1024
+    heads = torch.randn(2, n, (4 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = heads.view(2, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)
+    policy = flash_triton.default_policy()
+    o, lse = flash_forward(q, k, v, True, policy=policy)
+    assert policy.ran["fwd"].startswith("gluon"), policy.ran
+    o_ref, lse_ref = reference_attention(q, k, v, True, device="cuda")
+    assert _rel(o, o_ref) < TOL[torch.bfloat16] and _rel(lse, lse_ref) < 1e-3
+
 @pytest.mark.parametrize("d, n, copies", [(128, 256, True), (128, 128, False), (64, 256, False)])
 def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_faster(monkeypatch, d, n, copies):
     """GLUON_COPY_MIN_KEYS: the model's q, k, v (strided views of one projection) reach the Gluon forward
@@ -761,7 +780,7 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
     monkeypatch.setattr(flash_triton, "_gluon", lambda: StandIn)
     monkeypatch.setattr(flash_triton, "GLUON_COPY_MIN_KEYS", {128: 256})
     torch.manual_seed(d + n)
-    heads = torch.randn(1, n, 3 * 2 * d, dtype=torch.bfloat16)
+    heads = torch.randn(1, n, 3 * 2 * d, dtype=torch.bfloat16, device=DEVICE)
     q, k, v = heads.view(1, n, 6, d).transpose(1, 2).split(2, dim=1)  # the model's views
     policy = replace(flash_triton.default_policy(), gluon=True)
     o, lse = flash_forward(q, k, v, True, policy=policy)
