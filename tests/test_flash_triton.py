@@ -739,7 +739,6 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
 
 
-
 @pytest.mark.gpu
 def test_gpu_gluon_forward_takes_the_models_strided_views_as_copies(monkeypatch):
     """The model's q, k, v (strided views, GQA) at a head dim and length GLUON_COPY_MIN_KEYS lists: the Gluon
@@ -757,6 +756,7 @@ def test_gpu_gluon_forward_takes_the_models_strided_views_as_copies(monkeypatch)
     assert policy.ran["fwd"].startswith("gluon"), policy.ran
     o_ref, lse_ref = reference_attention(q, k, v, True, device="cuda")
     assert _rel(o, o_ref) < TOL[torch.bfloat16] and _rel(lse, lse_ref) < 1e-3
+
 
 @pytest.mark.parametrize("d, n, copies", [(128, 256, True), (128, 128, False), (64, 256, False)])
 def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_faster(monkeypatch, d, n, copies):

@@ -416,8 +416,8 @@ class Policy:
     gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
       the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64/128, n_q == n_k a
       multiple of its tiles, contiguous, or strided and copied where GLUON_COPY_MIN_KEYS says; triton
-      3.6); the tl forward elsewhere. Where it runs, the tl
-      forward's levers (tma, warp_specialize, persistent, and pick/configs for "fwd") do not apply. The
+      3.6); the tl forward elsewhere. Where it runs, the tl forward's levers (tma, warp_specialize,
+      persistent, and pick/configs for "fwd") do not apply. The
       Gluon one-launch backward runs there too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at
       any length with False, never with True.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
