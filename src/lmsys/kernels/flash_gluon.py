@@ -86,7 +86,7 @@ class Config:
 # and PV under the softmax). Until the softmax's exponent became one FFMA (ninth session), d 128 was
 # fastest with only the next QKᵀ under the softmax; since, FA3's order takes 0.87-0.92x that config's time
 # in three rounds (1.70-1.78 ms against 1.87-2.03) and 0.92-0.95x the kernel before the FFMA; d 64 0.95-0.98x.
-CONFIGS = {128: Config(128, 128, 3, 2, 8, 168, 2), 64: Config(128, 128, 3, 2, 8, 168, 2)}
+CONFIGS = {d: Config(128, 128, 3, 2, 8, 168, 2) for d in (64, 128)}
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class BwdConfig:
 # 8.0 (with D, the zeroing and the cast, eighth session); dPᵀ beside Sᵀ took 2-6 % off forward+backward
 # through autograd (seventh session). d 64 3.51-3.54 against the tl kernels' 3.65-3.70 once each tile's L
 # and D were loaded under the tile before (eighth session; 4.0-4.1 against 3.6 before that).
-BWD_CONFIGS = {128: BwdConfig(64, 128, 2, 8, 168, early_dp=True), 64: BwdConfig(64, 128, 2, 8, 168, early_dp=True)}
+BWD_CONFIGS = {d: BwdConfig(64, 128, 2, 8, 168, early_dp=True) for d in (64, 128)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
@@ -316,8 +316,7 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
 @gluon.jit
 def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
     """One program per (query tile, batch·query head), heaviest causal tiles first; q, O as [Z·H·N, d],
     k, v as [Z·(H/GROUP)·N, d]. q_desc's tiles are the consumers' parts: BLOCK_M / CONSUMERS rows."""
     pid_m = gl.program_id(0)
@@ -584,8 +583,7 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
     _attn_fwd_ws[(n // c.block_m, Z * H)](q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H,
                                           H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d,
                                           STAGES=c.stages, CAUSAL=bool(is_causal), PIPELINE=c.pipeline,
-                                          CONSUMERS=c.consumers,
-                                          num_warps=c.warps // c.consumers,
+                                          CONSUMERS=c.consumers, num_warps=c.warps // c.consumers,
                                           maxnreg=c.maxnreg)
     return f"gluon {c.block_m}×{c.block_n}"
 

@@ -417,9 +417,8 @@ class Policy:
       the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64/128, n_q == n_k a
       multiple of its tiles, contiguous, or strided and copied where GLUON_COPY_MIN_KEYS says; triton
       3.6); the tl forward elsewhere. Where it runs, the tl forward's levers (tma, warp_specialize,
-      persistent, and pick/configs for "fwd") do not apply. The
-      Gluon one-launch backward runs there too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at
-      any length with False, never with True.
+      persistent, and pick/configs for "fwd") do not apply. The Gluon one-launch backward runs there
+      too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at any length with False, never with True.
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
     ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
