@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lmsys.kernels import flash_check
+from lmsys.bench import flash_check
 
 
 def _rows(out: str) -> list[dict]:

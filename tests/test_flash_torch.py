@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lmsys.core.errors import LmsysError
 from lmsys.kernels.attention import attention, naive_attention
-from lmsys.kernels.flash_check import reference_attention, relative_error
+from lmsys.bench.flash_check import reference_attention, relative_error
 from lmsys.kernels.flash_torch import FlashAttentionTorch, flash_forward
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}

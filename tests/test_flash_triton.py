@@ -16,7 +16,7 @@ import torch
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import flash_triton
 from lmsys.kernels.attention import attention, naive_attention
-from lmsys.kernels.flash_check import reference_attention, relative_error
+from lmsys.bench.flash_check import reference_attention, relative_error
 from lmsys.kernels.flash_triton import FlashAttentionTriton, flash_forward
 
 

@@ -93,7 +93,7 @@ def compile_only(args) -> int:
 
 
 def check_and_time(args) -> int:
-    from lmsys.kernels.flash_check import reference_attention
+    from lmsys.bench.flash_check import reference_attention
     from lmsys.kernels.flash_triton import flash_forward
 
     against = load_against(args.against) if args.against else None

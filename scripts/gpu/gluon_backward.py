@@ -82,7 +82,7 @@ def check_and_time(against: str | None = None, repeats: int = 1, dims=(64, 128))
     from gluon_attention import load_against, time_rows  # this script's folder is on sys.path when it runs
 
     from lmsys.kernels import flash_triton
-    from lmsys.kernels.flash_check import reference_attention
+    from lmsys.bench.flash_check import reference_attention
 
     variants = {name(c): (c, flash_gluon) for c in CONFIGS[64] + CONFIGS[128]}
     if against:

@@ -32,7 +32,7 @@ def check(
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
-    from lmsys.kernels import flash_check as lib
+    from lmsys.bench import flash_check as lib
 
     dev = resolve_device(device)
     name = lib.check_impl(impl or lib.default_impl(dev))
