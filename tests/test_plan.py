@@ -266,3 +266,36 @@ def test_help_does_not_import_torch():
 
     code = "import sys; from lmsys.cli import app; assert 'torch' not in sys.modules; print('ok')"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------------- calibrate and validate
+
+def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    model = tmp_path / "micro.yaml"
+    model.write_text("d_model: 32\nd_ff: 64\nnum_layers: 1\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n")
+    profile = tmp_path / "cpu.yaml"
+    r = lmsys("plan", "calibrate", "--size", str(model), "--device", "cpu", "--profile", str(profile),
+              "--warmup", "0", "--steps", "2", "--format", "json")
+    assert r.code == 0, r.err
+    prof, rows = yaml.safe_load(profile.read_text()), json.loads(r.out)["rows"]
+    matmuls = [row for row in rows if row["what"].startswith("matmul")]
+    assert len(matmuls) == 5 and "busbw" not in prof
+    # the profile's matmul rate is all the GEMMs' FLOPs over all their time
+    flops = sum(row["TFLOP/s"] * row["ms"] for row in matmuls)
+    assert prof["matmul_tflops"]["fp32"] == pytest.approx(flops / sum(row["ms"] for row in matmuls), rel=1e-9)
+    assert prof["hbm_GBps"] > 0 and prof["attention_tflops"]["fp32"] > 0
+    r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
+              "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert [(row["checkpoint"], row["status"]) for row in out["rows"]] == [("none", "ok"), ("block", "ok")]
+    for row in out["rows"]:
+        assert row["predicted ms"] > 0 and row["measured ms"] > 0 and row["measured MiB"] is None
+        assert row["time error %"] == pytest.approx(100 * (row["predicted ms"] - row["measured ms"]) / row["measured ms"])
+    assert any("memory: not measurable here" in note for note in out["notes"])
+    errs = [abs(row["time error %"]) for row in out["rows"]]
+    assert f"max {max(errs):.1f} %" in " ".join(out["notes"])

@@ -64,10 +64,14 @@ class ModelShape:
         kv = f" ({self.kv_heads} kv)" if self.kv_heads != self.heads else ""
         return (f"{self.name}: d_model {self.d_model}, d_ff {self.d_ff} ({self.mlp}), {self.layers} layers, "
                 f"{self.heads} heads{kv}, vocab {self.vocab}, sequence {self.seq}, {self.attention} attention, "
-                f"{params(self) / 1e9:.2f} B parameters")
+                f"{_count(params(self))} parameters")
 
 
 # ------------------------------------------------------------------------------------------ parameters
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
 
 def layer_matmul_params(m: ModelShape) -> int:
     """Weights of one block's matmuls: Q and output h², K and V h·kv_dim each, MLP 2·h·f (GeLU) or 3·h·f."""
