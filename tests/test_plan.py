@@ -299,3 +299,19 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
     assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--size", "bogus"), "unknown model 'bogus'"), (("--context-length", "0"), "seq must be a positive integer"),
+    (("--top", "0"), "--top must be >= 1"), (("--dtype", "fp8"), "--dtype must be one of"),
+    (("--global-batch-tokens", "1000"), "not a whole number of 512-token sequences"),
+    (("--mesh", "dp=2"), "do not divide the 1 GPUs"), ((), None),
+    (("--gpu", "h100", "--gpus", "5", "--global-batch", "2"), "no layout of 5 GPUs"),
+])
+def test_plan_train_user_errors_are_one_line(lmsys, args, message):
+    base = ("plan", "train", "--size", "small") + (() if "--gpu" in args else ("--gpu", "A100"))
+    r = lmsys(*base, *args)
+    if message is None:
+        assert r.code == 0, r.err
+        return
+    assert r.code == 2 and message in r.err and "Traceback" not in r.err, r.err
