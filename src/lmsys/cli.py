@@ -11,6 +11,7 @@ import typer
 
 from lmsys import __version__
 from lmsys.commands import bench, comm, ddp, flash, precision, profile
+from lmsys.commands import plan
 from lmsys.core.errors import Interrupted, LmsysError
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(comm.app, name="comm")
 app.add_typer(ddp.app, name="ddp")
 app.add_typer(flash.app, name="flash")
+app.add_typer(plan.app, name="plan")
 app.command("precision")(precision.precision)
 
 
