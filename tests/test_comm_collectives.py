@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lmsys.distributed import launch
-from lmsys.distributed.collectives import COLLECTIVES
+from lmsys.bench.comm import COLLECTIVES
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -26,7 +26,7 @@ def checks_job(ctx):
     measured row; rank 0 returns them."""
     import torch
 
-    from lmsys.distributed import collectives as C
+    from lmsys.bench import comm as C
 
     out = {}
     for name in COLLECTIVES:
@@ -60,6 +60,35 @@ def checks_job(ctx):
     return out
 
 
+def subgroup_job(ctx):
+    """The flat primitives on a group of ranks 0 and 1 only (rank 2 sits out): every call must run on the
+    group it is given, not on the world."""
+    import torch
+    import torch.distributed as dist
+
+    from lmsys.distributed import primitives as P
+
+    group = dist.new_group([0, 1])  # every rank creates it; only its members use it
+    if ctx.rank > 1:
+        return None
+    k = 5
+    mine = torch.arange(k, dtype=torch.float32) + 10 * ctx.rank
+    gathered = torch.full((2 * k,), -1.0)
+    P.all_gather_flat(gathered, mine, group=group)
+    a, b = torch.randn(3, 4, generator=torch.Generator().manual_seed(ctx.rank)), torch.ones(7) * (ctx.rank + 1)
+    summed = P.all_reduce_flat([a, b], group=group)
+    try:
+        part = torch.full((k,), -1.0)
+        P.reduce_scatter_flat(part, torch.arange(2 * k, dtype=torch.float32) * (ctx.rank + 1), group=group)
+    except (RuntimeError, NotImplementedError, ValueError):  # gloo without reduce_scatter on this torch
+        part = None
+    module = torch.nn.Linear(3, 2)
+    torch.nn.init.constant_(module.weight, float(ctx.rank + 1))
+    P.broadcast_module_state(module, src=1, group=group)
+    return {"gathered": gathered.tolist(), "summed": [t.tolist() for t in summed],
+            "part": None if part is None else part.tolist(), "weight": module.weight.flatten().tolist()}
+
+
 @pytest.fixture
 def job_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p))
@@ -70,7 +99,7 @@ def job_env(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_checks_pass_on_the_real_collective_and_catch_wrong_results(job_env, world):
-    from lmsys.distributed.collectives import bus_factor
+    from lmsys.bench.comm import bus_factor
 
     results = launch.run("test_comm_collectives:checks_job", {}, world_size=world, backend="gloo")
     for name in COLLECTIVES:
@@ -87,14 +116,37 @@ def test_checks_pass_on_the_real_collective_and_catch_wrong_results(job_env, wor
             assert row["busbw GB/s"] == pytest.approx(algbw * bus_factor(name, world))
 
 
+@pytest.mark.slow
+def test_primitives_run_on_the_group_they_are_given(job_env):
+    import torch
+
+    r = launch.run("test_comm_collectives:subgroup_job", {}, world_size=3, backend="gloo")
+    assert r["gathered"] == list(range(5)) + [10.0 + i for i in range(5)]  # rank 0's part, then rank 1's
+    a = sum(torch.randn(3, 4, generator=torch.Generator().manual_seed(rank)).double() for rank in (0, 1))
+    assert torch.allclose(torch.tensor(r["summed"][0], dtype=torch.float64), a)  # shaped like the input
+    assert r["summed"][1] == [3.0] * 7  # 1 + 2 from ranks 0 and 1, not 1 + 2 + 3
+    if r["part"] is not None:  # rank 0 keeps elements 0..4 of sum_r (r + 1)·arange(10) = 3·arange(10)
+        assert r["part"] == [3.0 * i for i in range(5)]
+    assert r["weight"] == [2.0] * 6  # rank 1's values (src is a global rank)
+
+
 def test_bus_factors_are_nccl_tests():
-    from lmsys.distributed.collectives import bus_factor
+    from lmsys.bench.comm import bus_factor
 
     for n in (1, 2, 3, 8):
         assert bus_factor("all-reduce", n) == pytest.approx(2 * (n - 1) / n)
         assert bus_factor("all-gather", n) == pytest.approx((n - 1) / n)
         assert bus_factor("reduce-scatter", n) == pytest.approx((n - 1) / n)
         assert bus_factor("broadcast", n) == 1.0
+    with pytest.raises(ValueError):
+        bus_factor("all-to-all", 2)
+
+
+def test_notes_print_the_factor_the_rows_use():
+    from lmsys.bench.comm import BUS_FACTORS, collective_notes
+
+    for name, (formula, _) in BUS_FACTORS.items():
+        assert f"busbw = algbw · {formula} " in collective_notes(name, baseline=False)[0]
 
 
 @pytest.mark.slow

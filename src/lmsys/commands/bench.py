@@ -93,6 +93,7 @@ def attention(
     preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it; on a CPU the CPU implementations run instead, said on stderr).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10; CPU: 1).")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", "--iters", help="Timed forward+backward steps (seed: 100; CPU: 5).")] = None,
+    policy: Annotated[Optional[List[str]], typer.Option("--policy", metavar="FIELD=VALUE[,...]", help="Repeatable: flash-triton runs once more per option, under lmsys.kernels.flash_triton.Policy with these fields changed (e.g. tma=true, persistent=true, deterministic=false,tma_backward=false, pick=0; booleans true/false, none where the field allows it); rows then carry a policy column, the default policy first.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw fwd+bwd ms against seq into this PNG (matplotlib).")] = None,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -103,8 +104,11 @@ def attention(
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")
+    from lmsys.bench import attention as lib  # torch-free until it runs
 
-    from lmsys.bench import attention as lib
+    for text in policy or ():
+        lib.split_policy(text)  # the syntax; the fields and values once the kernels' Policy is imported
+
     from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_int_list, parse_list
@@ -115,7 +119,7 @@ def attention(
         batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
         d_head=parse_int_list(d_head, what="--d-head") or None,
         seq_len=parse_int_list(seq_len, what="--context-length") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads,
+        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, policies=policy,
     )
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)

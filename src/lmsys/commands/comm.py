@@ -23,7 +23,7 @@ DEFAULT_SIZES = "1MB,10MB,100MB,1GB"
 
 def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, device, format,
             output) -> None:
-    """Validate the shared options (before torch is imported), run `collectives.collective_job` per world
+    """Validate the shared options (before torch is imported), run `bench.comm.collective_job` per world
     size, render (rank 0)."""
     from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
 
@@ -36,7 +36,7 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.collectives import collective_notes
+    from lmsys.bench.comm import collective_notes
 
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
@@ -46,7 +46,7 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
 
     rows, meta = [], {}
     for n in world_sizes:
-        result = run_on_ranks("lmsys.distributed.collectives:collective_job",
+        result = run_on_ranks("lmsys.bench.comm:collective_job",
                               dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
                                    iters=iters, baseline=baseline), world_size=n, backend=backend)
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints

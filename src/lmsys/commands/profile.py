@@ -157,13 +157,15 @@ def memory(
 ):
     """Memory timeline PNG with phases and peak, peak per phase, largest allocations, snapshot pickle (CUDA)."""
     from lmsys.profiling import memory as lib
+    from lmsys.profiling.memory_analysis import analyze_snapshot, load_snapshot
+    from lmsys.profiling.memory_capture import check_cuda
 
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
     check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
     if snapshot is not None:
-        data = lib.load_snapshot(snapshot)
-        timeline = lib.analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
+        data = load_snapshot(snapshot)
+        timeline = analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
         _make_out_dir(out_dir)
         reports, png = lib.snapshot_reports(timeline, snapshot, out_dir=out_dir, top=top)
         emit(reports, format, output)
@@ -177,7 +179,7 @@ def memory(
     check_mode(mode)
     contexts = parse_int_list(context_length, what="--context-length")
     dev = resolve_device(device)
-    lib.check_cuda(dev)
+    check_cuda(dev)
     check_dtype_for_device(dtype, dev)
     configs = [_one_config(size, dev, context_length=c) for c in contexts]
     _make_out_dir(out_dir)

@@ -49,35 +49,11 @@ from torch import nn
 
 from lmsys.core.devices import MatmulCarveout  # re-exported: the class moved to core (train uses it too)
 from lmsys.core.parsing import MiB
+from lmsys.distributed.primitives import all_reduce_flat, broadcast_module_state  # re-exported: DDP's names
 
 
 __all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "MatmulCarveout", "all_reduce_flat",
            "broadcast_module_state"]
-
-
-def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
-    """Every parameter and buffer of `module` takes rank `src`'s values."""
-    with torch.no_grad():
-        tensors = list(module.parameters()) + list(module.buffers())
-        works = [dist.broadcast(t.data, src=src, async_op=True) for t in tensors]
-        for work in works:
-            work.wait()
-
-
-def all_reduce_flat(tensors: list[torch.Tensor], *, op=dist.ReduceOp.SUM,
-                    prescale: Optional[float] = None) -> list[torch.Tensor]:
-    """Flatten -> one all-reduce -> unflatten: `tensors` (one dtype and device) concatenated into one
-    buffer, scaled by `prescale` if given, reduced with `op`; returns views of the reduced buffer shaped
-    like the inputs. FlatDDP reduces its gradients with it, FSDP where reduce-scatter is missing."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    if prescale is not None:
-        flat.mul_(prescale)
-    dist.all_reduce(flat, op=op)
-    views, offset = [], 0
-    for t in tensors:
-        views.append(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return views
 
 
 def _averaging_op() -> tuple[dist.ReduceOp, Optional[float]]:

@@ -43,8 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.distributed.collectives import all_gather_flat, reduce_scatter_flat
-from lmsys.distributed.ddp import all_reduce_flat, broadcast_module_state
+from lmsys.distributed.primitives import all_gather_flat, all_reduce_flat, broadcast_module_state, reduce_scatter_flat
 
 __all__ = ["FSDP"]
 

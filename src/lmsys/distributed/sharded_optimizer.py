@@ -21,7 +21,7 @@ unused) included. It needs an elementwise optimizer (AdamW, Adam, SGD with momen
 is updated from its own gradient and state only. Gradients must already be averaged (by a DDP wrapper).
 
 Hyperparameters live in `self.param_groups` (what schedulers change) and are copied into the local
-groups before every step. The all-gather is `collectives.all_gather_flat` (all_gather_single, or
+groups before every step. The all-gather is `primitives.all_gather_flat` (all_gather_single, or
 all_gather_into_tensor on torch < 2.13); a backend without it (gloo on older torch) falls back to
 dist.all_gather into the bucket's W chunks.
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.distributed.collectives import all_gather_flat
+from lmsys.distributed.primitives import all_gather_flat
 
 DEFAULT_BUCKET_MB = 256.0
 _MiB = 1 << 20

@@ -1,5 +1,5 @@
 """The collective benchmarks behind `lmsys comm all-reduce|all-gather|reduce-scatter|broadcast`, run on
-every rank of a group (see launch.py); and the flat all-gather / reduce-scatter that ZeRO and FSDP use.
+every rank of a group (lmsys.distributed.launch); the flat calls themselves are lmsys.distributed.primitives.
 
 One function measures every collective (`collective_job`, parameterised by its name). Per message size:
 one correctness round (each rank contributes a known pattern; the result must be what the collective
@@ -12,12 +12,8 @@ slowest rank is); rows report the median and mean of those maxima.
 The size of a row is the full buffer, as in nccl-tests: the gathered output of an all-gather, the
 input of a reduce-scatter (both rounded down to a multiple of the world size, each rank's part
 bytes / n), the one buffer of an all-reduce or broadcast. Bandwidths follow nccl-tests (PERFORMANCE.md):
-    algbw = bytes / time
-    busbw = algbw · factor,   factor = 2(n−1)/n  all-reduce
-                                        (n−1)/n  all-gather, reduce-scatter
-                                        1        broadcast
-(the fraction of the buffer that crosses each rank's link), so busbw compares across collectives and
-world sizes and with the link's peak.
+algbw = bytes / time, busbw = algbw · BUS_FACTORS[collective] (the fraction of the buffer that crosses
+each rank's link), so busbw compares across collectives and world sizes and with the link's peak.
 
 With `baseline`, a second row per size times a bare torch.distributed loop, as one would write it by
 hand: `iters` back-to-back collectives between two synchronisations, time / iters.
@@ -37,18 +33,34 @@ import torch.distributed as dist
 from lmsys.core.devices import environment, torch_dtype
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
+from lmsys.distributed.primitives import ALL_GATHER_OP, REDUCE_SCATTER_OP, all_gather_flat, reduce_scatter_flat
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 BROADCAST_SRC = 0
 _CHUNK = 1 << 24  # elements per step when filling/checking large buffers (bounds temporary memory)
 _PATTERN = 5  # rank r contributes (i mod 5) + r at index i: small integers, exact in fp16/bf16
 
 
+# busbw / algbw per collective on n ranks, as nccl-tests defines it (PERFORMANCE.md): the formula as
+# printed under a table, and its value.
+BUS_FACTORS: dict[str, tuple[str, Callable[[int], float]]] = {
+    "all-reduce": ("2(n−1)/n", lambda n: 2 * (n - 1) / n),
+    "all-gather": ("(n−1)/n", lambda n: (n - 1) / n),
+    "reduce-scatter": ("(n−1)/n", lambda n: (n - 1) / n),
+    "broadcast": ("1", lambda n: 1.0),
+}
+COLLECTIVES = tuple(BUS_FACTORS)
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """busbw / algbw for `collective` on n ranks (BUS_FACTORS)."""
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"unknown collective {collective!r}")
+    return BUS_FACTORS[collective][1](n)
+
 
 def collective_notes(collective: str, *, baseline: bool) -> list[str]:
     """The notes under a `comm` table: the bandwidth convention of `collective`, what `correct` and `op` mean."""
-    factor = {"all-reduce": "2(n−1)/n", "all-gather": "(n−1)/n", "reduce-scatter": "(n−1)/n", "broadcast": "1"}
-    notes = [f"algbw = bytes / median time; busbw = algbw · {factor[collective]} (nccl-tests convention for "
+    notes = [f"algbw = bytes / median time; busbw = algbw · {BUS_FACTORS[collective][0]} (nccl-tests convention for "
              f"{collective}). GB/s = 10^9 bytes/s."]
     if collective in ("all-gather", "reduce-scatter"):
         notes.append("bytes: the full buffer (all ranks' parts together), rounded down to a multiple of the "
@@ -60,33 +72,6 @@ def collective_notes(collective: str, *, baseline: bool) -> list[str]:
     if baseline:
         notes.append(f"bare loop: steps back-to-back {collective}s between two synchronisations, time / steps.")
     return notes
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """busbw / algbw for `collective` on n ranks (nccl-tests PERFORMANCE.md)."""
-    if collective == "all-reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all-gather", "reduce-scatter"):
-        return (n - 1) / n
-    if collective == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
-
-
-# ------------------------------------------------------------------------ flat collectives (ZeRO, FSDP)
-
-
-def all_gather_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
-    """output (n·k elements) <- every rank's input (k elements), in rank order. torch ≥ 2.13 names it
-    all_gather_single (all_gather_into_tensor is deprecated there); older torch only has the latter."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, async_op=async_op)
-
-
-def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
-    """output (k elements) <- the sum over ranks of this rank's k-element chunk of input (n·k)."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, async_op=async_op)
 
 
 # ------------------------------------------------------------------------------------------ benchmark
@@ -131,22 +116,19 @@ def _all_reduce_then_copy(b: Buffers):
     b.out.copy_(b.inp[rank * b.chunk:(rank + 1) * b.chunk])
 
 
-# the names of the single-tensor calls that all_gather_flat / reduce_scatter_flat make on this torch
-_AG = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-_RS = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 # op name (the `op` column) -> how it runs; per collective, the preferred op first, then fallbacks
 OPS: dict[str, Callable[[Buffers], object]] = {
     "all_reduce": lambda b: dist.all_reduce(b.out),
-    _AG: lambda b: all_gather_flat(b.out, b.inp),
+    ALL_GATHER_OP: lambda b: all_gather_flat(b.out, b.inp),
     "all_gather (list)": _list_all_gather,
-    _RS: lambda b: reduce_scatter_flat(b.out, b.inp),
+    REDUCE_SCATTER_OP: lambda b: reduce_scatter_flat(b.out, b.inp),
     "all_reduce + copy (no reduce_scatter)": _all_reduce_then_copy,
     "broadcast": lambda b: dist.broadcast(b.out, src=BROADCAST_SRC),
 }
 CANDIDATES = {
     "all-reduce": ("all_reduce",),
-    "all-gather": (_AG, "all_gather (list)"),
-    "reduce-scatter": (_RS, "all_reduce + copy (no reduce_scatter)"),
+    "all-gather": (ALL_GATHER_OP, "all_gather (list)"),
+    "reduce-scatter": (REDUCE_SCATTER_OP, "all_reduce + copy (no reduce_scatter)"),
     "broadcast": ("broadcast",),
 }
 
