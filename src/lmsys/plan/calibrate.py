@@ -3,7 +3,7 @@
 Calibration times, with lmsys.core.timing's timer: the model's GEMM shapes per dtype (TFLOP/s over all of
 them), attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's naive
 attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), and on a machine with 2 or more GPUs the
-all-reduce busbw per size and world size through lmsys.distributed.collectives (the job `comm allreduce`
+all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm allreduce`
 runs). Validation runs `bench e2e`'s library (lmsys.bench.e2e) and predicts each row with the profile.
 """
 
@@ -100,7 +100,7 @@ def _busbw(dtype: str, *, warmup: int, steps: int) -> dict:
     out: dict = {}
     n = 2
     while n <= torch.cuda.device_count():
-        result = launch.run("lmsys.distributed.collectives:collective_job",
+        result = launch.run("lmsys.bench.comm:collective_job",
                             dict(collective="all-reduce", sizes=list(BUSBW_SIZES), labels=[str(s) for s in BUSBW_SIZES],
                                  dtype=dtype, warmup=warmup, iters=steps, baseline=False),
                             world_size=n, backend="nccl")
