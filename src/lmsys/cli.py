@@ -25,6 +25,7 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(comm.app, name="comm")
 app.add_typer(ddp.app, name="ddp")
 app.add_typer(flash.app, name="flash")
+app.add_typer(__import__("lmsys.commands.parallel", fromlist=["app"]).app, name="parallel")  # issue 29
 app.command("precision")(precision.precision)
 
 
