@@ -10,8 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from lmsys import __version__
-from lmsys.commands import bench, comm, ddp, flash, precision, profile
-from lmsys.commands import plan
+from lmsys.commands import bench, comm, ddp, flash, parallel, plan, precision, profile
 from lmsys.core.errors import Interrupted, LmsysError
 
 app = typer.Typer(
@@ -27,6 +26,7 @@ app.add_typer(comm.app, name="comm")
 app.add_typer(ddp.app, name="ddp")
 app.add_typer(flash.app, name="flash")
 app.add_typer(plan.app, name="plan")
+app.add_typer(parallel.app, name="parallel")
 app.command("precision")(precision.precision)
 
 

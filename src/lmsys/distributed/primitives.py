@@ -49,7 +49,10 @@ def all_reduce_flat(tensors: list[torch.Tensor], *, op=dist.ReduceOp.SUM, presca
 
 
 def broadcast_module_state(module: nn.Module, *, src: int = 0, group=None) -> None:
-    """Every parameter and buffer of `module` takes rank `src`'s values (`src`: a global rank)."""
+    """Every parameter and buffer of `module` takes rank `src`'s values (`src`: a rank of `group`,
+    default the world)."""
+    if group is not None:
+        src = dist.get_global_rank(group, src)
     with torch.no_grad():
         tensors = list(module.parameters()) + list(module.buffers())
         works = [dist.broadcast(t.data, src=src, group=group, async_op=True) for t in tensors]
