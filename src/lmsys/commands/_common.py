@@ -25,7 +25,8 @@ def check_render_options(fmt: str, output: Optional[Path], *, device: Optional[s
     torch is imported: a typo answers in a fraction of a second. Call it first in a command."""
     from lmsys.core.devices import DEVICE_CHOICES, DTYPE_CHOICES
     from lmsys.core.parsing import choose
-    from lmsys.core.results import check_format, check_output_path
+    from lmsys.core.files import check_output_path
+    from lmsys.core.results import check_format
 
     check_format(fmt)
     if device is not None and not device.startswith("cuda:"):

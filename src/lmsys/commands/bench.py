@@ -99,7 +99,7 @@ def attention(
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
-    from lmsys.core.results import check_output_path
+    from lmsys.core.files import check_output_path
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")

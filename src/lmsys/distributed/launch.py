@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
-from lmsys.core.results import write_atomic
+from lmsys.core.files import write_atomic
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0

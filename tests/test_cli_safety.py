@@ -1,0 +1,131 @@
+"""Issue 27: --output never destroys what it does not own, exit codes mean one thing, nothing silently
+ignored, nothing left running, progress on long runs. One test per row of the issue's table: the exit
+code, a one-line message, and nothing changed at the path or in the temp directory that should not be."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PRECISION = ("precision", "--device", "cpu", "--steps", "10")
+
+
+def one_line(result, code: int = 2) -> str:
+    assert result.code == code, (result.code, result.out, result.err)
+    assert "Traceback" not in result.err + result.out
+    lines = [ln for ln in result.err.splitlines() if ln.strip() and not ln.startswith("hint:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    return lines[0]
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`python -m lmsys ARGS` in a subprocess (for what only a real process shows: pipes, signals)."""
+    full = dict(os.environ, PYTHONPATH=SRC)
+    full.pop("LMSYS_DEBUG", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "lmsys", *args], env=full, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+# ------------------------------------------------------------------------ 1. --output owns only its file
+
+
+def test_output_dev_full_is_one_line_exit_2_and_never_wrote(lmsys):
+    r = lmsys(*PRECISION, "-o", "/dev/full")
+    assert "cannot write /dev/full: No space left on device" in one_line(r)
+    assert "wrote" not in r.err
+    assert Path("/dev/full").is_char_device()
+
+
+def test_output_dev_null_is_written_directly_and_stays_a_device(lmsys):
+    r = lmsys(*PRECISION, "-o", "/dev/null")
+    assert r.code == 0, r.err
+    assert Path("/dev/null").is_char_device()
+
+
+def test_output_symlink_is_written_through_to_its_target(lmsys, tmp_path):
+    target = tmp_path / "real.md"
+    target.write_text("old")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    r = lmsys(*PRECISION, "-o", str(link))
+    assert r.code == 0, r.err
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text().startswith("### autocast")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.md", "real.md"]
+
+
+def test_output_dangling_symlink_creates_its_target(lmsys, tmp_path):
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "made.json")
+    assert lmsys(*PRECISION, "-o", str(link)).code == 0
+    assert link.is_symlink() and (tmp_path / "made.json").read_text().startswith("[")
+
+
+def test_output_fifo_is_written_to_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "lmsys", *PRECISION, "-o", str(fifo), "-f", "csv"],
+                            env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    with open(fifo) as reader:
+        text = reader.read()
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert text.startswith("# device: cpu") and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_output_directory_is_one_line_and_untouched(lmsys, tmp_path):
+    (tmp_path / "keep").write_text("x")
+    assert "is a directory" in one_line(lmsys(*PRECISION, "-o", str(tmp_path)))
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"]
+
+
+def test_output_socket_is_refused(lmsys, tmp_path):
+    import socket
+
+    path = tmp_path / "s"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    try:
+        assert "not a regular file, a device or a pipe" in one_line(lmsys(*PRECISION, "-o", str(path)))
+    finally:
+        sock.close()
+
+
+def test_output_name_too_long_is_one_line_exit_2(lmsys, tmp_path):
+    line = one_line(lmsys(*PRECISION, "-o", str(tmp_path / ("x" * 300 + ".md"))))
+    assert "File name too long" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_regular_file_is_replaced_whole_and_keeps_its_mode(lmsys, tmp_path):
+    out = tmp_path / "t.md"
+    out.write_text("old")
+    out.chmod(0o640)
+    assert lmsys(*PRECISION, "-o", str(out)).code == 0
+    assert out.read_text().startswith("### autocast") and out.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["t.md"]
+
+
+def test_a_writer_that_fails_midway_leaves_neither_partial_nor_temporary_file(tmp_path):
+    from lmsys.core.errors import LmsysError
+    from lmsys.core.files import atomic_output
+
+    out = tmp_path / "plot.png"
+    out.write_bytes(b"previous")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output(out, what="--plot") as tmp:
+            assert tmp.suffix == ".png" and tmp.parent == tmp_path
+            tmp.write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+    with pytest.raises(LmsysError, match="--plot: cannot write .*Input/output error"):
+        with atomic_output(out, what="--plot") as tmp:
+            raise OSError(5, os.strerror(5))
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
