@@ -129,3 +129,115 @@ def test_a_writer_that_fails_midway_leaves_neither_partial_nor_temporary_file(tm
         with atomic_output(out, what="--plot") as tmp:
             raise OSError(5, os.strerror(5))
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+# ------------------------------------------------------------------------ 2. exit codes mean one thing
+
+
+def test_flash_triton_on_a_cpu_is_refused_before_bench_e2e_runs(tmp_path):
+    env = {"TMPDIR": str(tmp_path)}
+    full = dict(os.environ, PYTHONPATH=SRC)
+    full.pop("TRITON_INTERPRET", None)  # conftest turns the interpreter on for this process, not for users
+    full.pop("LMSYS_DEBUG", None)
+    r = subprocess.run([sys.executable, "-m", "lmsys", "bench", "e2e", "--attn", "flash-triton", "--device", "cpu"],
+                       env={**full, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("hint:")]
+    assert lines == ["error: flash-triton needs CUDA tensors (got cpu); use flash-torch on a CPU"], r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e400", "0"])
+def test_a_dist_timeout_that_is_not_finite_is_refused_before_torchrun(lmsys, monkeypatch, value):
+    import subprocess as sp
+
+    monkeypatch.setenv("LMSYS_DIST_TIMEOUT_S", value)
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sp, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
+    line = one_line(lmsys("comm", "allreduce", "--backend", "gloo", "--sizes", "4KB"))
+    assert line == f"error: LMSYS_DIST_TIMEOUT_S must be a number of seconds in (0, 604800], got {value}"
+
+
+def test_lmsys_debug_adds_the_traceback_and_keeps_exit_2():
+    r = cli("bench", "e2e", "--format", "bogus", env={"LMSYS_DEBUG": "1"})
+    assert r.returncode == 2
+    assert "Traceback" in r.stderr and r.stderr.rstrip().endswith("error: --format must be one of table, md, csv, json, not 'bogus'")
+
+
+def test_a_closed_stdout_ends_quietly_by_sigpipe():
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=SRC)
+    env.pop("LMSYS_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "lmsys", *PRECISION], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line, as `| head -0` would be
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == -signal.SIGPIPE, err
+    assert err == ""
+
+
+def test_a_closed_stdout_in_process_is_141_and_silent(lmsys, monkeypatch):
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+        def fileno(self):
+            raise ValueError
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    from lmsys.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(PRECISION))
+    assert exc.value.code == 141
+
+
+def test_a_row_in_error_fails_the_run_after_the_table(lmsys, monkeypatch):
+    import lmsys.bench.e2e as lib
+
+    monkeypatch.setattr(lib, "run_e2e", lambda *a, **k: iter([
+        {"size": "tiny", "mode": "train", "status": "ok"}, {"size": "tiny", "mode": "fwd", "status": "error: boom"}]))
+    r = lmsys("bench", "e2e", "--device", "cpu", "--size", "tiny", "--format", "csv")
+    assert "tiny,fwd,error: boom" in r.out  # the table first
+    assert one_line(r, code=1) == "error: 1 of 2 rows failed; the status column says why"
+
+
+def test_an_oom_row_is_a_result_not_a_failure(lmsys, monkeypatch):
+    import lmsys.bench.e2e as lib
+
+    monkeypatch.setattr(lib, "run_e2e", lambda *a, **k: iter([{"size": "tiny", "mode": "train", "status": "OOM"}]))
+    assert lmsys("bench", "e2e", "--device", "cpu", "--size", "tiny", "--format", "csv").code == 0
+
+
+def test_ddp_world_size_bound_is_stated_once(lmsys):
+    assert one_line(lmsys("ddp", "train", "--world-size", "-2")) == "error: --world-size must be >= 1, got -2"
+
+
+def test_comm_device_cuda_without_a_gpu_names_device_not_backend(lmsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert one_line(lmsys("comm", "allreduce", "--device", "cuda")) == \
+        "error: --device cuda needs CUDA GPUs, and PyTorch sees none"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "e2e", "--steps", "abc"], "error: Invalid value for '--steps' / '--iters': 'abc' is not a valid int"),
+    (["precision", "--bogus"], "error: No such option: --bogus"),
+    (["precision", "extra"], "error: Got unexpected extra argument(s) (extra)"),
+    (["bench", "e2e", "--size", "tiny", "--size", "small"], "error: --size was given twice (--size tiny, then --size small)"),
+    (["bench", "e2e", "--steps=3", "--iters", "4"], "error: --iters was given twice (--steps=3, then --iters 4)"),
+])
+def test_usage_errors_are_one_line_and_a_hint(lmsys, args, message):
+    r = lmsys(*args)
+    assert one_line(r) == message
+    assert r.err.splitlines()[1].startswith("hint: ") and len(r.err.splitlines()) == 2

@@ -67,7 +67,7 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
     (["--sizes", "1XB"], "cannot parse size '1XB'"),
     (["--sizes", "0MB"], "must be positive"),
     (["--world-size", "two"], "--world-size: cannot parse 'two'"),
-    (["--world-size", "0"], "--world-size: 0 is below the minimum 1"),
+    (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),
     (["--iters", "0"], "--steps must be >= 1, got 0"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),

@@ -7,8 +7,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from lmsys.model.config import ATTENTION_IMPLS
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
-                                    emit, track)
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
+                                    check_render_options, emit, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
 
@@ -68,6 +68,7 @@ def e2e(
                                optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
                                optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
                                sm_carveout=sm_carveout)
+    check_attention_impl(options["attn_impl"], dev)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))

@@ -38,9 +38,10 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     from lmsys.distributed import launch
     from lmsys.distributed.collectives import collective_notes
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
 

@@ -43,7 +43,7 @@ def train(
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     check_one_size(size, command="ddp train", why="one model per run")
-    requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
+    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
                            sm_carveout=sm_carveout)
     ctas = plan.set_nccl_ctas(nccl_ctas)
@@ -52,9 +52,10 @@ def train(
     from lmsys.distributed import launch
     from lmsys.distributed.train import check_model
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
     plan.check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)

@@ -48,7 +48,7 @@ def parse_int_list(text, *, what: str, minimum: int = 1) -> list[int]:
     values = parse_list(text, int, what=what)
     for v in values:
         if v < minimum:
-            raise LmsysError(f"{what}: {v} is below the minimum {minimum}")
+            raise LmsysError(f"{what} must be >= {minimum}, got {v}")
     return values
 
 

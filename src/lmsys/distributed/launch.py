@@ -38,6 +38,7 @@ from lmsys.core.files import write_atomic
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: any finite bound keeps timedelta and the ms the backends take in range
 ENV_TIMEOUT = "LMSYS_DIST_TIMEOUT_S"
 
 
@@ -120,19 +121,31 @@ def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> 
     return requested or [default]
 
 
-def check_launch(backend: str, world_sizes: list[int]) -> None:
-    """User errors before anything starts: nccl needs CUDA and one GPU per local rank."""
+def backend_option(device: Optional[str], backend: Optional[str]) -> Optional[str]:
+    """The option the user gave that chose the backend (`--device cuda`, `--backend nccl`), for messages."""
+    if device not in (None, "auto"):
+        return f"--device {device}"
+    if backend not in (None, "auto"):
+        return f"--backend {backend}"
+    return None
+
+
+def check_launch(backend: str, world_sizes: list[int], *, chosen_by: Optional[str] = None) -> None:
+    """User errors before anything starts: nccl needs CUDA and one GPU per local rank. `chosen_by` names
+    the option that picked the backend (messages name what the user gave)."""
     import torch
 
     choose(backend, BACKENDS, what="--backend")
     timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked here, in the parent, not once per rank
     for n in world_sizes:
         if n < 1:
-            raise LmsysError(f"--world-size must be >= 1, got {n}")
+            raise LmsysError(f"--world-size must be >= 1, got {n}")  # as parse_int_list says it
     if backend != "nccl":
         return
     if not torch.cuda.is_available():
-        raise LmsysError("--backend nccl needs CUDA GPUs, and PyTorch sees none", hint="use --backend gloo")
+        given = chosen_by or "--backend nccl"
+        raise LmsysError(f"{given} needs CUDA GPUs, and PyTorch sees none",
+                         hint="use --device cpu (gloo)" if given.startswith("--device") else "use --backend gloo")
     visible = torch.cuda.device_count()
     if under_torchrun():
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -152,8 +165,8 @@ def timeout_seconds() -> float:
         value = float(text)
     except ValueError:
         raise LmsysError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise LmsysError(f"{ENV_TIMEOUT} must be positive, got {text}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # nan fails this too; inf would overflow the ranks' timedelta
+        raise LmsysError(f"{ENV_TIMEOUT} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {text}")
     return value
 
 
