@@ -241,3 +241,40 @@ def test_usage_errors_are_one_line_and_a_hint(lmsys, args, message):
     r = lmsys(*args)
     assert one_line(r) == message
     assert r.err.splitlines()[1].startswith("hint: ") and len(r.err.splitlines()) == 2
+
+
+# ------------------------------------------------------------------------ 7. nothing left after kill -9
+
+
+@pytest.mark.slow
+def test_kill_9_of_lmsys_leaves_no_process_and_no_run_folder(tmp_path):
+    import signal
+    import time
+
+    from test_cli_signals import _alive, _descendants
+
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    env = dict(os.environ, PYTHONPATH=SRC, TMPDIR=str(tmpdir), LMSYS_DIST_TIMEOUT_S="120")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LMSYS_DEBUG"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "lmsys", "comm", "allreduce", "--backend", "gloo",
+                             "--world-size", "2", "--sizes", "1MB", "--iters", "100000000"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(seen) < 3:  # torchrun and its two ranks
+        seen |= _descendants(proc.pid)
+        assert proc.poll() is None
+        time.sleep(0.2)
+    assert len(seen) >= 3, "torchrun and its ranks never started"
+    time.sleep(3)  # the ranks at work
+    seen |= _descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ({p for p in seen if _alive(p)} or
+                                           [p for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")]):
+        time.sleep(0.2)
+    assert not {p for p in seen if _alive(p)}, "processes of the run outlived lmsys by 10 s"
+    assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []

@@ -13,7 +13,9 @@ called as `function(ctx, **kwargs)` with a `RankContext`) on every rank of a pro
 
 Backends: gloo with CPU tensors; nccl with one GPU per rank, chosen by LOCAL_RANK. The process group
 gets a timeout (LMSYS_DIST_TIMEOUT_S, default 600 s), so a collective waiting on a dead rank ends with
-an error; torchrun also stops the surviving ranks as soon as one exits with an error.
+an error; torchrun also stops the surviving ranks as soon as one exits with an error. torchrun gets a
+parent-death signal (SIGTERM) and each rank one from torchrun (SIGKILL): a `kill -9` of lmsys ends the
+whole job within seconds, and torchrun, outliving it, removes the run folder.
 """
 
 from __future__ import annotations
@@ -269,10 +271,11 @@ def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
                "-m", "lmsys.distributed.launch", str(spec_path)]
         env = child_environment(backend, world_size)
         env["TMPDIR"] = str(tmp)  # torchelastic_* (tempfile.mkdtemp) lands here, and goes with it
+        env[ENV_PARENT] = str(os.getpid())
         debug = os.environ.get("LMSYS_DEBUG") == "1"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                    stderr=None if debug else log, start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=None if debug else log,
+                                    start_new_session=True, preexec_fn=_die_with_parent_sigterm)
             try:
                 returncode = proc.wait()
             finally:  # normal end: reap stragglers at once; a signal or an exception: stop the group
@@ -398,22 +401,58 @@ def _failure(tmp: Path, returncode: int, world_size: int, *, log_path: Optional[
 
 
 TORCHRUN_FLAG = "--torchrun"
+ENV_PARENT = "LMSYS_PARENT_PID"  # the process a launched torchrun (or rank) must not outlive
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send `signum` to this process when its parent dies, even by SIGKILL (prctl
+    PR_SET_PDEATHSIG). A no-op where prctl is missing: stop_group and the signal handlers still work."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _die_with_parent_sigterm() -> None:  # Popen's preexec_fn: runs in torchrun's process before exec
+    import signal
+
+    die_with_parent(signal.SIGTERM)  # SIGTERM: torchrun stops its ranks before it exits
+
+
+def _parent_gone(expected: Optional[str]) -> bool:
+    """Whether the process that should be this one's parent (pid `expected`) is gone."""
+    return expected is not None and os.getppid() != int(expected)
 
 
 def torchrun_main(argv: list[str]) -> None:
     """torchrun, quiet about a failed worker: the worker already reported its error (one line or its
     traceback) and the parent names it; torchrun's own ChildFailedError dump and agent log lines would
-    only bury it. Exit code 1 as torchrun's."""
+    only bury it. Exit code 1 as torchrun's. When the lmsys process that started it dies (even by
+    SIGKILL: the parent-death signal is SIGTERM), torchrun stops its ranks and, outliving that process,
+    removes the run folder."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    launcher = os.environ.get(ENV_PARENT)
     try:
-        main(argv)
-    except ChildFailedError:
-        sys.exit(1)
+        if _parent_gone(launcher):  # it died before the death signal was armed
+            sys.exit(1)
+        os.environ[ENV_PARENT] = str(os.getpid())  # the ranks check this process is still theirs
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        try:
+            main(argv)
+        except ChildFailedError:
+            sys.exit(1)
+    finally:
+        if _parent_gone(launcher):
+            shutil.rmtree(Path(argv[-1]).parent, ignore_errors=True)
 
 
 def _reported_elsewhere(spec: dict, rank: int) -> bool:
@@ -425,6 +464,11 @@ def _reported_elsewhere(spec: dict, rank: int) -> bool:
 
 def worker_main(argv: list[str]) -> None:
     """Entry point of each torchrun worker: run the job, rank 0 writes the result, a failure is recorded."""
+    import signal
+
+    die_with_parent(signal.SIGKILL)  # torchrun gone (even by SIGKILL): so is this rank
+    if _parent_gone(os.environ.get(ENV_PARENT)):
+        os._exit(1)
     spec = json.loads(Path(argv[0]).read_text())
     rank = int(os.environ.get("RANK", "0"))
     try:
