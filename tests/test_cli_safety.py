@@ -278,3 +278,55 @@ def test_kill_9_of_lmsys_leaves_no_process_and_no_run_folder(tmp_path):
         time.sleep(0.2)
     assert not {p for p in seen if _alive(p)}, "processes of the run outlived lmsys by 10 s"
     assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+# ------------------------------------------------------------------------ 8. triton is an extra
+
+NO_TRITON = """import sys
+class NoTriton:  # as on a CPU install without the [triton] extra
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTriton())
+from lmsys.cli import main
+main(sys.argv[1:])
+"""
+
+
+def without_triton(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    for name in ("LMSYS_DEBUG", "TRITON_INTERPRET"):
+        env.pop(name, None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, "-c", NO_TRITON, *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_triton_is_an_extra_that_test_includes():
+    import tomllib
+
+    project = tomllib.loads((Path(SRC).parent / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("triton") for dep in project["dependencies"])
+    assert [d.split(";")[0] for d in project["optional-dependencies"]["triton"]] == ["triton>=3.0"]
+    assert "lmsys[triton]" in project["optional-dependencies"]["test"]
+
+
+@pytest.mark.parametrize("args", [["bench", "attention", "--impl", "flash-triton", "--device", "cpu"],
+                                  ["flash", "check", "--impl", "flash-triton", "--device", "cpu"],
+                                  ["bench", "e2e", "--attn", "flash-triton", "--device", "cpu"]])
+def test_flash_triton_without_triton_is_one_line_naming_the_extra(args):
+    r = without_triton(*args, interpret=True)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.splitlines() == ["error: flash-triton needs Triton, which is not installed",
+                                     "hint: pip install 'lmsys[triton]' (torch's CUDA build brings it on a GPU machine)"]
+
+
+def test_the_main_job_and_flash_check_run_without_triton():
+    r = without_triton("bench", "e2e", "--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0",
+                       "--context-length", "16", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert "# triton: not installed" in r.stdout and r.stdout.rstrip().endswith(",ok")
+    r = without_triton("flash", "check", "--device", "cpu", "--cases", "2", "--format", "csv", interpret=True)
+    assert r.returncode == 0, r.stderr
+    assert "impl flash-torch" in r.stdout and r.stdout.count(",pass") == 2

@@ -88,9 +88,21 @@ def check_attention_impl(name: Optional[str], device) -> None:
     before any work: flash-triton needs Triton (the `[triton]` extra) and CUDA or TRITON_INTERPRET=1."""
     if name != "flash-triton":
         return
+    require_triton("flash-triton")
     from lmsys.kernels.flash_triton import check_device
 
     check_device(device)
+
+
+def require_triton(what: str) -> None:
+    """One line naming the extra when Triton is not installed (a CPU install leaves it out)."""
+    from lmsys.core.errors import LmsysError
+
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise LmsysError(f"{what} needs Triton, which is not installed",
+                         hint="pip install 'lmsys[triton]' (torch's CUDA build brings it on a GPU machine)") from None
 
 
 def track(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:

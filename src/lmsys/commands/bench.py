@@ -8,7 +8,7 @@ import typer
 
 from lmsys.model.config import ATTENTION_IMPLS
 from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
-                                    check_render_options, emit, track)
+                                    check_render_options, emit, require_triton, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
 
@@ -69,6 +69,8 @@ def e2e(
                                optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
                                sm_carveout=sm_carveout)
     check_attention_impl(options["attn_impl"], dev)
+    if options.get("master_weights"):
+        require_triton("--master-weights (a fused Triton AdamW)")
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
@@ -111,6 +113,8 @@ def attention(
     from lmsys.core.parsing import parse_int_list, parse_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
+    if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
+        require_triton("flash-triton")
     sweep, notes = lib.resolve_sweep(
         device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
         batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
