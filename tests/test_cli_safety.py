@@ -330,3 +330,46 @@ def test_the_main_job_and_flash_check_run_without_triton():
     r = without_triton("flash", "check", "--device", "cpu", "--cases", "2", "--format", "csv", interpret=True)
     assert r.returncode == 0, r.stderr
     assert "impl flash-torch" in r.stdout and r.stdout.count(",pass") == 2
+
+
+# ------------------------------------------------------------------------ 6. numbers with their caveats
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    import subprocess as sp
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sp, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
+
+
+def test_comm_world_size_1_is_refused(lmsys, no_torchrun):
+    assert one_line(lmsys("comm", "allreduce", "--backend", "gloo", "--world-size", "1", "--sizes", "4KB")) == \
+        "error: --world-size 1: a collective over one rank moves no data (busbw 0), so there is no bandwidth to measure"
+
+
+def test_comm_sizes_are_checked_against_memory_up_front(lmsys, no_torchrun, monkeypatch):
+    import lmsys.model.memory as mem
+
+    monkeypatch.setattr(mem, "available_ram", lambda: 8 * 2**30)
+    line = one_line(lmsys("comm", "allreduce", "--backend", "gloo", "--world-size", "2", "--sizes", "1MB,100GB"))
+    assert line == ("error: --sizes 100GB needs about 372.5 GiB (186.3 GiB per rank); "
+                    "8.0 GiB of RAM is available for 2 rank(s)")
+
+
+def test_ddp_scaling_is_left_empty_when_ranks_outnumber_cores(lmsys, monkeypatch):
+    import lmsys.commands.ddp as cmd
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(cmd, "run_on_ranks", lambda *a, **k: {
+        "meta": {}, "rows": [{"strategy": "naive", "ms/step": 1.0, "scaling eff %": 115.0, "status": "ok"}]})
+    r = lmsys("ddp", "train", "--backend", "gloo", "--world-size", "2", "--strategy", "naive", "--format", "json")
+    assert r.code == 0, r.err
+    import json
+
+    doc = json.loads(r.out)
+    assert doc["rows"][0]["scaling eff %"] is None
+    assert any("scaling eff % is left empty: 2 processes on 1 CPU core(s)" in n for n in doc["notes"])

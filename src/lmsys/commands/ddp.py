@@ -71,6 +71,12 @@ def train(
         meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
                                     warmup=warmup, steps=steps, extra=ctas)
         notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        if not launch.under_torchrun() and (why := launch.oversubscribed(n, backend)):
+            for row in result["rows"]:
+                if "scaling eff %" in row:
+                    row["scaling eff %"] = None
+            notes.append(f"scaling eff % is left empty: {why}; a weak-scaling ratio would say more than "
+                         "100 % or less for reasons that are not the strategy's.")
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)

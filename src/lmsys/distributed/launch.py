@@ -101,15 +101,48 @@ def backend_for_device(device: Optional[str], backend: Optional[str]) -> Optiona
     return implied
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def oversubscribed(world_size: int, backend: str) -> Optional[str]:
+    """Why times at this world size are not scaling numbers (gloo ranks outnumber the CPU cores, so each
+    gets under one core), or None."""
+    cores = _cores()
+    if backend == "gloo" and world_size > cores:
+        return (f"{world_size} processes on {cores} CPU core(s): they share cores, so times measure "
+                "scheduling as much as communication")
+    return None
+
+
 def warn_oversubscription(world_sizes: list[int], backend: str) -> Optional[str]:
     """One line when gloo ranks outnumber the CPU cores (each gets under one core: times are not
     bandwidth any more), else None."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     worst = max(world_sizes)
-    if backend == "gloo" and not under_torchrun() and worst > cores:
-        return (f"warning: --world-size {worst} runs {worst} processes on {cores} CPU core(s): "
-                "they share cores, so times measure scheduling as much as communication")
-    return None
+    if under_torchrun() or not (why := oversubscribed(worst, backend)):
+        return None
+    return f"warning: --world-size {worst} runs {why}"
+
+
+def check_rank_memory(bytes_per_rank: int, world_sizes: list[int], backend: str, *, what: str) -> None:
+    """Refuse before any rank starts when the ranks' buffers cannot fit: gloo ranks share this host's
+    RAM (available now), nccl ranks each take one GPU's memory (free now on GPU 0)."""
+    from lmsys.core.parsing import format_bytes
+
+    if backend == "nccl":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(0)
+        need, where = bytes_per_rank, f"GPU 0 has {format_bytes(free)} free"
+    else:
+        from lmsys.model.memory import available_ram
+
+        free = available_ram()
+        ranks = 1 if under_torchrun() else max(world_sizes)  # under torchrun, only this node's rank is known
+        need, where = bytes_per_rank * ranks, f"{format_bytes(free)} of RAM is available for {ranks} rank(s)"
+    if free is not None and need > free:
+        raise LmsysError(f"{what} needs about {format_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
+                         f"{where}", hint="give smaller sizes or fewer ranks")
 
 
 def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
