@@ -373,3 +373,22 @@ def test_ddp_scaling_is_left_empty_when_ranks_outnumber_cores(lmsys, monkeypatch
     doc = json.loads(r.out)
     assert doc["rows"][0]["scaling eff %"] is None
     assert any("scaling eff % is left empty: 2 processes on 1 CPU core(s)" in n for n in doc["notes"])
+
+
+# ------------------------------------------------------------------------ 3. nothing silently ignored
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "e2e", "--size", "", "--device", "cpu"], "error: --size: expected a value or a comma-separated list, got ''"),
+    (["bench", "e2e", "--size", "tiny,,tiny", "--device", "cpu"], "error: --size: empty item in 'tiny,,tiny'"),
+    (["bench", "e2e", "--size", "tiny,tiny", "--device", "cpu"],
+     "error: --size: tiny given twice; each value runs once, so give it once"),
+    (["comm", "allreduce", "--sizes", "1MB,,2MB"], "error: --sizes: empty item in '1MB,,2MB'"),
+    (["profile", "nsys", "--engine", "torch", "--nsys-args", "--foo", "--device", "cpu"],
+     "error: --nsys-args applies to --engine nsys; --engine torch runs torch.profiler"),
+    (["ddp", "train", "--strategy", "fsdp", "--shard-optimizer"],
+     "error: --shard-optimizer applies to the DDP strategies (naive, flat, overlap, bucketed, torch-ddp); "
+     "the strategies asked for shard in their own way or not at all"),
+])
+def test_what_would_be_ignored_is_one_line(lmsys, no_torchrun, args, message):
+    assert one_line(lmsys(*args)) == message

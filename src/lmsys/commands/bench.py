@@ -71,7 +71,7 @@ def e2e(
     check_attention_impl(options["attn_impl"], dev)
     if options.get("master_weights"):
         require_triton("--master-weights (a fused Triton AdamW)")
-    sizes = parse_list(size or lib.default_size(dev), str, what="--size")
+    sizes = parse_list(lib.default_size(dev) if size is None else size, str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),

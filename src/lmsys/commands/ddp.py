@@ -37,6 +37,7 @@ def train(
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
     from dataclasses import asdict
 
+    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
     from lmsys.distributed import runs as plan
 
@@ -47,6 +48,9 @@ def train(
     runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
                            sm_carveout=sm_carveout)
     ctas = plan.set_nccl_ctas(nccl_ctas)
+    if shard_optimizer and not any(r.strategy in plan.SHARDABLE for r in runs):
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(plan.SHARDABLE)}); "
+                         "the strategies asked for shard in their own way or not at all")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
