@@ -36,10 +36,12 @@ def test_e2e_default_on_cpu_is_tiny_with_warmup_zero_and_overrides(lmsys):
     assert "| tiny | train |" in r.out and "d_model 64, d_ff 512, 1 layers, 2 heads" in r.out
 
 
-def test_e2e_bf16_and_sweep_of_sizes(lmsys):
-    r = lmsys("bench", "e2e", "--size", "tiny,tiny", "--dtype", "bf16", "--layers", "1", *FAST, "-f", "csv")
+def test_e2e_bf16_and_sweep_of_sizes(lmsys, tmp_path):
+    (tmp_path / "t.yaml").write_text("preset: tiny\n")  # a second size: a list item given twice is refused
+    r = lmsys("bench", "e2e", "--size", f"tiny,{tmp_path / 't.yaml'}", "--dtype", "bf16", "--layers", "1", *FAST,
+              "-f", "csv")
     assert r.code == 0, r.err
-    assert r.out.count("tiny,train,") == 2 and "bf16 autocast" in r.out
+    assert r.out.count(",train,") == 2 and "bf16 autocast" in r.out
 
 
 def test_oom_row_and_sweep_goes_on(monkeypatch):
@@ -77,7 +79,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
 @pytest.mark.parametrize("args, message", [
     (("--size", "huge"), "unknown model size"),
     (("--d-model", "130"), "not divisible"),
-    (("--dtype", "fp16", "--device", "cpu"), "fp16 needs a CUDA GPU"),
+    (("--dtype", "fp16"), "fp16 needs a CUDA GPU"),
     (("--dtype", "fp8"), "--dtype must be one of"),
     (("--mode", "sideways"), "--mode must be one of"),
     (("--attn", "magic"), "attention implementation must be one of"),

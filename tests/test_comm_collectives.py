@@ -178,7 +178,7 @@ def test_all_reduce_alias_is_hidden_but_works(lmsys):
 @pytest.mark.parametrize("args, message", [
     (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
     (["--sizes", "1XB"], "cannot parse size '1XB'"),
-    (["--world-size", "0"], "--world-size: 0 is below the minimum 1"),
+    (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
 ])

@@ -79,7 +79,7 @@ def test_the_cli_run_prints_no_kineto_usdt_lines(tmp_path):
 
     env = dict(os.environ, PYTHONPATH=str(Path(lmsys.__file__).resolve().parents[1]))
     env.pop("KINETO_LOG_LEVEL", None)
-    proc = subprocess.run([sys.executable, "-m", "lmsys", *COMMON, "--device", "cpu", "--steps", "1",
+    proc = subprocess.run([sys.executable, "-m", "lmsys", *COMMON[:-2], "--device", "cpu", "--steps", "1",
                            "--out-dir", str(tmp_path), "--format", "json"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

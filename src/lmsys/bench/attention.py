@@ -21,6 +21,7 @@ from itertools import product
 from typing import Iterator
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.files import atomic_output
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
@@ -350,5 +351,6 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path, what="--plot") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)

@@ -20,14 +20,17 @@ from lmsys.core.devices import DTYPE_CHOICES, torch_dtype
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
 from lmsys.kernels import triton_interpreted
-from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
+try:
+    from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
+except ImportError:  # no Triton (the [triton] extra): flash-torch only, and it takes every head dim
+    FP32_MAX_HEAD_DIM, KERNEL_HEAD_DIMS = None, None
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
 # The kernels take every multiple of 8 from 16 to 256 (flash_triton.HEAD_DIMS); the check cycles through the
 # powers of two and the padded dims models use, in an order that mixes both from the first cases on.
 HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
-assert set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
+assert KERNEL_HEAD_DIMS is None or set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
 GQA_HEADS = ((4, 1), (4, 2), (6, 3), (8, 2))  # (query heads, key/value heads)
 
@@ -77,6 +80,8 @@ def default_max_len(device) -> int:
 def default_impl(device) -> str:
     """flash-triton where it can run (a GPU, or Triton's interpreter), else flash-torch."""
     interpreted = triton_interpreted()
+    if KERNEL_HEAD_DIMS is None:
+        return "flash-torch"
     return "flash-triton" if device.type == "cuda" or interpreted else "flash-torch"
 
 

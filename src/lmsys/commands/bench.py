@@ -7,8 +7,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from lmsys.model.config import ATTENTION_IMPLS
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
-                                    emit, track)
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
+                                    check_render_options, emit, require_triton, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
 
@@ -68,7 +68,10 @@ def e2e(
                                optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
                                optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
                                sm_carveout=sm_carveout)
-    sizes = parse_list(size or lib.default_size(dev), str, what="--size")
+    check_attention_impl(options["attn_impl"], dev)
+    if options.get("master_weights"):
+        require_triton("--master-weights (a fused Triton AdamW)")
+    sizes = parse_list(lib.default_size(dev) if size is None else size, str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                                   d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
@@ -100,7 +103,7 @@ def attention(
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
-    from lmsys.core.results import check_output_path
+    from lmsys.core.files import check_output_path
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")
@@ -114,6 +117,8 @@ def attention(
     from lmsys.core.parsing import parse_int_list, parse_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
+    if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
+        require_triton("flash-triton")
     sweep, notes = lib.resolve_sweep(
         device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
         batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,

@@ -25,6 +25,7 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
             output) -> None:
     """Validate the shared options (before torch is imported), run `bench.comm.collective_job` per world
     size, render (rank 0)."""
+    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
 
     check_render_options(format, output, device=device, dtype=dtype)
@@ -38,9 +39,15 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     from lmsys.distributed import launch
     from lmsys.bench.comm import collective_notes
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
+    if 1 in world_sizes:
+        raise LmsysError("--world-size 1: a collective over one rank moves no data (busbw 0), so there is no "
+                         "bandwidth to measure", hint="give 2 or more ranks")
+    biggest = max(range(len(nbytes)), key=nbytes.__getitem__)  # buffers + the result check's copy: 2x
+    launch.check_rank_memory(2 * nbytes[biggest], world_sizes, backend, what=f"--sizes {labels[biggest]}")
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
 

@@ -37,24 +37,29 @@ def train(
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
     from dataclasses import asdict
 
+    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
     from lmsys.distributed import runs as plan
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     check_one_size(size, command="ddp train", why="one model per run")
-    requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
+    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
                            sm_carveout=sm_carveout)
     ctas = plan.set_nccl_ctas(nccl_ctas)
+    if shard_optimizer and not any(r.strategy in plan.SHARDABLE for r in runs):
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(plan.SHARDABLE)}); "
+                         "the strategies asked for shard in their own way or not at all")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
     from lmsys.distributed.train import check_model
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
     plan.check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
@@ -70,6 +75,12 @@ def train(
         meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
                                     warmup=warmup, steps=steps, extra=ctas)
         notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        if not launch.under_torchrun() and (why := launch.oversubscribed(n, backend)):
+            for row in result["rows"]:
+                if "scaling eff %" in row:
+                    row["scaling eff %"] = None
+            notes.append(f"scaling eff % is left empty: {why}; a weak-scaling ratio would say more than "
+                         "100 % or less for reasons that are not the strategy's.")
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DeviceOpt, FormatOpt, OutputOpt, check_render_options, emit, track
+from lmsys.commands._common import (DeviceOpt, FormatOpt, OutputOpt, check_attention_impl, check_render_options, emit,
+                                    track)
 
 app = typer.Typer(help="FlashAttention-2: correctness checks of the PyTorch and Triton implementations.", no_args_is_help=True)
 
@@ -36,6 +37,7 @@ def check(
 
     dev = resolve_device(device)
     name = lib.check_impl(impl or lib.default_impl(dev))
+    check_attention_impl(name, dev)
     dtypes = parse_list(dtype, lib.check_dtype, what="--dtype") if dtype else lib.device_dtypes(dev)
     plan = lib.random_cases(cases, seed=seed, dtypes=dtypes, max_len=lib.default_max_len(dev) if max_len is None else max_len,
                             impl=name)

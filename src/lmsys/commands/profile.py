@@ -96,6 +96,8 @@ def nsys(
         extra = shlex.split(nsys_args)
     except ValueError as exc:  # e.g. an unclosed quote
         raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
+    if engine == "torch" and nsys_args:
+        raise LmsysError("--nsys-args applies to --engine nsys; --engine torch runs torch.profiler")
     if command:
         return _nsys_app(list(command), engine=engine, out_dir=out_dir, trace=trace, extra=extra,
                          range_name=range_name, top=top, format=format, output=output)

@@ -12,6 +12,7 @@ from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose, parse_list
 
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
+SHARDABLE = STRATEGIES[:5]  # --shard-optimizer wraps their AdamW in ZeRO-1; the FSDPs shard their own way
 COMM_DTYPES = ("fp32", "bf16")
 BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 LEARNING_RATE = 1e-3
