@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -153,13 +153,13 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         q, k, v, do = draw(case.n_q), draw(case.n_k, kv=True), draw(case.n_k, kv=True), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         if tiles:
-            policy = flash_triton.default_policy()  # the levers users run (tma_backward, ...), at tile pick i
-            policy.pick = i
+            policy = replace(flash_triton.default_policy(), pick=i)  # the levers users run, at tile pick i
             out = flash_triton.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
         else:
             out = attention(q_, k_, v_, case.causal, impl)
         lse = _saved_lse(out, q_)
         dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
+        ran = flash_triton.kernels_ran(out) if tiles else {}
 
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
@@ -172,6 +172,6 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         yield {"case": i + 1, "leading dims": case.leading, "heads q/kv": case.heads, "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
                "dtype": case.dtype, "causal": case.causal, **errors,
                **({"tiles fwd/dkdv/dq": " / ".join(  # "fwd / bwd" where the Gluon one-launch backward ran
-                   policy.ran.get(kernel, "—") for kernel in (("fwd", "bwd") if "bwd" in policy.ran
-                                                              else ("fwd", "dkdv", "dq")))} if tiles else {}),
+                   ran.get(kernel, "—") for kernel in (("fwd", "bwd") if "bwd" in ran
+                                                       else ("fwd", "dkdv", "dq")))} if tiles else {}),
                "tol": tol, "result": "pass" if ok else "FAIL"}
