@@ -111,11 +111,10 @@ def _flash_torch(q, k, v, is_causal):
     return FlashAttentionTorch.apply(q, k, v, is_causal)
 
 
-@torch.compiler.disable  # Dynamo cannot trace into triton.autotune's launcher; compiled callers graph-break here
 def _flash_triton(q, k, v, is_causal):
-    from lmsys.kernels.flash_triton import FlashAttentionTriton
+    from lmsys.kernels.flash_triton import flash_attention  # custom ops under torch.compile: no graph break
 
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+    return flash_attention(q, k, v, is_causal)
 
 
 IMPLS.update({

@@ -10,7 +10,8 @@ tensors under TRITON_INTERPRET=1 (set before this module is imported).
 
 How the kernels run is a frozen `Policy` passed in (tiles autotuned or picked, and the levers);
 `launch_forward` / `launch_backward` return what ran. LMSYS_FLASH_AUTOTUNE=0 makes the default policy take
-the first config that fits.
+the first config that fits. `flash_attention` (the model's path) runs the custom ops lmsys::flash_fwd and
+lmsys::flash_bwd under torch.compile, which then keeps one graph through attention.
 """
 
 from __future__ import annotations
@@ -439,8 +440,13 @@ Ran = dict  # what a launch ran: kernel ("fwd", "dq", "dkdv", or "bwd" for the G
 def default_policy() -> Policy:
     """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0."""
     if os.environ.get("LMSYS_FLASH_AUTOTUNE") == "0":
-        return replace(DEFAULT_POLICY, pick=0)
+        return _first_fit(DEFAULT_POLICY)
     return DEFAULT_POLICY
+
+
+@functools.lru_cache(maxsize=8)
+def _first_fit(policy: Policy) -> Policy:
+    return replace(policy, pick=0)  # cached: replace costs µs on every attention call
 
 
 def _tuners() -> dict:
@@ -1055,7 +1061,8 @@ class FlashAttentionTriton(torch.autograd.Function):
     deterministic: None = the policy's (default_policy(): the fastest measured backward for the shape);
     True = the atomics-free backward (bitwise reproducible); False = the one-launch atomic backward.
     Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else. What ran is
-    on the output's autograd node: `kernels_ran(o)`."""
+    on the output's autograd node: `kernels_ran(o)`. Eager only (any policy); compiled code calls
+    `flash_attention`, the custom ops with the default policy."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, deterministic=None, policy=None):
@@ -1084,5 +1091,55 @@ def kernels_ran(o: torch.Tensor) -> Ran:
     return dict(ran)
 
 
+# ------------------------------------------------------------------------------------- custom ops
+# The forward and backward as torch.library custom ops (as flash-attention's interface registers its own):
+# torch.compile sees them as opaque calls with shapes from the fake implementations, so a compiled model
+# keeps one graph through its attention. They run the default policy.
 
-flash_attention = FlashAttentionTriton.apply
+
+@torch.library.custom_op("lmsys::flash_fwd", mutates_args=())
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse, _ = launch_forward(q, k, v, is_causal)
+    return o, lse
+
+
+@_flash_fwd.register_fake
+def _flash_fwd_fake(q, k, v, is_causal):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("lmsys::flash_bwd", mutates_args=())
+def _flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+               lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, _ = launch_backward(q, k, v, o, lse, do, is_causal)
+    return dq, dk, dv
+
+
+@_flash_bwd.register_fake
+def _flash_bwd_fake(do, q, k, v, o, lse, is_causal):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_fwd_setup_context(ctx, inputs, output):
+    q, k, v, is_causal = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.is_causal = is_causal
+    ctx.mark_non_differentiable(lse)
+
+
+def _flash_fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, ctx.is_causal)
+    return dq, dk, dv, None
+
+
+_flash_fwd.register_autograd(_flash_fwd_backward, setup_context=_flash_fwd_setup_context)
+
+
+def flash_attention(q, k, v, is_causal: bool = False):
+    """softmax(q kᵀ/√d) v with the default policy: under torch.compile through the custom ops (no graph
+    break), eagerly through FlashAttentionTriton (the same kernels, without the ops' dispatch cost)."""
+    if torch.compiler.is_compiling():
+        return _flash_fwd(q, k, v, bool(is_causal))[0]
+    return FlashAttentionTriton.apply(q, k, v, is_causal)
