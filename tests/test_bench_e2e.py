@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lmsys.bench import e2e
+from lmsys.model.config import resolve_configs
 
 FAST = ("--context-length", "32", "--steps", "2", "--warmup", "1", "--device", "cpu")
 
@@ -51,7 +52,7 @@ def test_oom_row_and_sweep_goes_on(monkeypatch):
         yield from real(workload, *a, **kw)
 
     monkeypatch.setattr(e2e, "_measure_config", flaky)
-    cfgs = e2e.resolve_configs(["tiny", "tiny"], context_length=16)
+    cfgs = resolve_configs(["tiny", "tiny"], context_length=16)
     cfgs[1] = ("tiny-1", cfgs[1][1].with_overrides(num_layers=1))
     workloads = e2e.resolve_workloads(cfgs, checkpoints=["none"], batch_size=2)
     rows = list(e2e.run_e2e(workloads, modes=["fwd", "train"], warmup=0, steps=1, device=torch.device("cpu")))
@@ -101,8 +102,6 @@ def test_bad_input_exits_2_with_one_line(lmsys, args, message):
 
 
 def test_2_7b_head_dim_80_is_accepted_by_flash_triton():
-    from lmsys.bench.e2e import resolve_configs
-
     [(name, cfg)] = resolve_configs(["2.7b"], context_length=128, attn_impl="flash-triton")
     assert cfg.d_head == 80 and cfg.attn_impl == "flash-triton"
 

@@ -181,7 +181,7 @@ def test_bad_lever_options(lmsys, args, message):
 def test_matmul_carveout_sets_and_restores_the_cublas_knobs():
     import torch
 
-    from lmsys.distributed.ddp import MatmulCarveout
+    from lmsys.core.devices import MatmulCarveout
 
     before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
     cpu = MatmulCarveout(8, "cpu")

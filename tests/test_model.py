@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from lmsys.core.errors import LmsysError
-from lmsys.model import PRESETS, ModelConfig, config_from_yaml, count_parameters, get_config, parameter_count_formula
+from lmsys.model import PRESETS, ModelConfig, config_from_yaml, get_config, parameter_count_formula
 from lmsys.model.transformer import TransformerLM, apply_rope, rope_tables
+from lmsys.train.build import count_parameters
 
 TINY = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=50, context_length=24)
 

@@ -38,27 +38,28 @@ def train(
     from dataclasses import asdict
 
     from lmsys.core.parsing import parse_int_list
-    from lmsys.distributed import runs as plan
+    from lmsys.distributed.runs import (check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
+                                        train_notes)
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     check_one_size(size, command="ddp train", why="one model per run")
     requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
-    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
-                           sm_carveout=sm_carveout)
-    ctas = plan.set_nccl_ctas(nccl_ctas)
+    runs = parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
+                      sm_carveout=sm_carveout)
+    ctas = set_nccl_ctas(nccl_ctas)
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import check_model
+    from lmsys.distributed.train import resolve_model_size
 
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes)
-    plan.check_levers_for_backend(runs, backend)
+    check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
-    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype, runs=runs)
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
     reports = []
@@ -67,9 +68,9 @@ def train(
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         meta = result["meta"]
-        meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
-                                    warmup=warmup, steps=steps, extra=ctas)
-        notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        meta["run"] = run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
+                               warmup=warmup, steps=steps, extra=ctas)
+        notes = train_notes(runs, baseline=baseline) + result.get("notes", [])
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)

@@ -47,11 +47,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.core.devices import MatmulCarveout  # re-exported: the class moved to core (train uses it too)
+from lmsys.core.devices import MatmulCarveout
 from lmsys.core.parsing import MiB
 
 
-__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "MatmulCarveout", "all_reduce_flat",
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "all_reduce_flat",
            "broadcast_module_state"]
 
 

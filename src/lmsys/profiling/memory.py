@@ -86,7 +86,7 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
     """Record `steps` steps of `mode` (model construction included) and return the snapshot."""
     import torch
 
-    from lmsys.train.step import build_train_step, random_batch, run_step
+    from lmsys.train import build_train_step, random_batch, run_step
     from lmsys.core.devices import free_memory, is_oom
 
     check_cuda(device)
@@ -461,7 +461,7 @@ class ContextRun:
 def sweep_contexts(configs, device, *, batch_size: int, dtype: str, mode: str, steps: int, max_entries: int,
                    out_dir: Path):
     """Record each (name, config) in turn; write its snapshot pickle and PNG; yield a ContextRun."""
-    from lmsys.train.step import Workload
+    from lmsys.train import Workload
 
     for name, cfg in configs:
         cap = capture(Workload(cfg, batch_size=batch_size, dtype=dtype), device, mode=mode, steps=steps,
