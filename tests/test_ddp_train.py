@@ -152,7 +152,7 @@ def test_no_baseline(lmsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["build", "forward", "backward", "optimizer"])
+@pytest.mark.parametrize("phase", ["build", "forward", "backward", "comm", "optimizer"])
 def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, phase):
     monkeypatch.setenv("LMSYS_INJECT_OOM", f"1:{phase}")
     r = lmsys("ddp", "train", "--strategy", "fsdp", "--no-baseline", *FAST)
