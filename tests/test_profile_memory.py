@@ -163,7 +163,7 @@ def test_live_run_without_cuda_is_one_line_exit_2(lmsys):
 
 @pytest.mark.gpu
 def test_live_capture_on_cuda_matches_the_allocator(tmp_path):
-    from lmsys.train.step import Workload
+    from lmsys.train import Workload
     from lmsys.model.config import PRESETS
 
     dev = torch.device("cuda")

@@ -80,7 +80,7 @@ def test_annotated_is_registered_and_marks_its_three_parts_for_torch_profiler():
 
 
 def test_run_step_opens_the_phase_ranges_of_each_mode():
-    from lmsys.train.step import Workload, build_train_step, random_batch, run_step
+    from lmsys.train import Workload, build_train_step, random_batch, run_step
     from lmsys.model.config import PRESETS
 
     cfg = PRESETS["tiny"].with_overrides(context_length=16, num_layers=1)

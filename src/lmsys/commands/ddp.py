@@ -39,31 +39,32 @@ def train(
 
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
-    from lmsys.distributed import runs as plan
+    from lmsys.distributed.runs import (SHARDABLE, check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
+                                        train_notes)
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     check_one_size(size, command="ddp train", why="one model per run")
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
-    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
-                           sm_carveout=sm_carveout)
-    ctas = plan.set_nccl_ctas(nccl_ctas)
-    if shard_optimizer and not any(r.strategy in plan.SHARDABLE for r in runs):
-        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(plan.SHARDABLE)}); "
+    runs = parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
+                      sm_carveout=sm_carveout)
+    ctas = set_nccl_ctas(nccl_ctas)
+    if shard_optimizer and not any(r.strategy in SHARDABLE for r in runs):
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}); "
                          "the strategies asked for shard in their own way or not at all")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import check_model
+    from lmsys.distributed.train import resolve_model_size
 
     chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
     launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
-    plan.check_levers_for_backend(runs, backend)
+    check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
-    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype, runs=runs)
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
     reports = []
@@ -72,9 +73,9 @@ def train(
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         meta = result["meta"]
-        meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
-                                    warmup=warmup, steps=steps, extra=ctas)
-        notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        meta["run"] = run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
+                               warmup=warmup, steps=steps, extra=ctas)
+        notes = train_notes(runs, baseline=baseline) + result.get("notes", [])
         if not launch.under_torchrun() and (why := launch.oversubscribed(n, backend)):
             for row in result["rows"]:
                 if "scaling eff %" in row:

@@ -33,17 +33,19 @@ def check(
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
-    from lmsys.bench import flash_check as lib
+    from lmsys.bench import flash_check
 
     dev = resolve_device(device)
-    name = lib.check_impl(impl or lib.default_impl(dev))
+    name = flash_check.check_impl(impl or flash_check.default_impl(dev))
     check_attention_impl(name, dev)
-    dtypes = parse_list(dtype, lib.check_dtype, what="--dtype") if dtype else lib.device_dtypes(dev)
-    plan = lib.random_cases(cases, seed=seed, dtypes=dtypes, max_len=lib.default_max_len(dev) if max_len is None else max_len,
-                            impl=name)
-    rows = list(track(lib.run_check(name, plan, device=dev, seed=seed), total=len(plan), description="flash check"))
+    dtypes = parse_list(dtype, flash_check.check_dtype, what="--dtype") if dtype else flash_check.device_dtypes(dev)
+    drawn = flash_check.random_cases(
+        cases, seed=seed, dtypes=dtypes, max_len=flash_check.default_max_len(dev) if max_len is None else max_len,
+        impl=name)
+    rows = list(track(flash_check.run_check(name, drawn, device=dev, seed=seed), total=len(drawn),
+                      description="flash check"))
     meta = environment(dev)
-    meta["run"] = f"impl {name}, {len(plan)} cases, seed {seed}, reference float64 on the CPU"
+    meta["run"] = f"impl {name}, {len(drawn)} cases, seed {seed}, reference float64 on the CPU"
     failed = sum(r["result"] != "pass" for r in rows)
     notes = [
         "err = max |x - ref| / max(max |ref|, 1) for O, the saved logsumexp L, and dQ, dK, dV (dO random); "

@@ -169,6 +169,15 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+def oom_row(status: str, columns: tuple[str, ...] = (), **ident) -> dict:
+    """The row of a run that did not finish (out of memory, or a user-level error): its identity, every
+    other column of `columns` empty, and `status` ("OOM ...", "error: ...") in its column, else last."""
+    row = dict.fromkeys(columns)
+    row.update(ident)
+    row["status"] = status
+    return row
+
+
 def free_memory(device) -> None:
     """After an OOM: drop cached blocks so the next configuration starts clean."""
     import gc

@@ -47,12 +47,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.core.devices import MatmulCarveout  # re-exported: the class moved to core (train uses it too)
+from lmsys.core.devices import MatmulCarveout
 from lmsys.core.parsing import MiB
 from lmsys.distributed.primitives import all_reduce_flat, broadcast_module_state  # re-exported: DDP's names
 
 
-__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "MatmulCarveout", "all_reduce_flat",
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "all_reduce_flat",
            "broadcast_module_state"]
 
 

@@ -25,11 +25,11 @@ from lmsys.core.timing import synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
 from lmsys.distributed.pipeline import ideal_bubble
-from lmsys.distributed.runs import LEARNING_RATE
-from lmsys.distributed.train import BatchSource, _to, build_model, mfu_percent
+from lmsys.distributed.train import BatchSource, _to, mfu_percent
 from lmsys.model import describe
 from lmsys.model.config import get_config
-from lmsys.train.step import TrainStep, make_optimizer, run_step  # lmsys.train once the split lands
+from lmsys.train import TrainStep, build_model, run_step
+from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
             "params/rank", "bubble %", "ideal bubble %", "act MiB held", "loss", "|Δloss|", "parity max|Δθ|",
@@ -72,7 +72,7 @@ def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
     """(losses per step, parameters) of one process on the full global batch."""
     batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
     model = build_model(config, device=ctx.device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=LEARNING_RATE)
+    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
     step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
     losses = [run_step(step, *b).item() for b in batches]
     params = {name: p.detach().float().cpu().clone() for name, p in model.named_parameters()}
@@ -99,7 +99,7 @@ def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_sc
                      virtual_stages=virtual_stages, microbatches=microbatches,
                      tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy)
     del model
-    optimizer = make_optimizer(pm.parameters(), lr=LEARNING_RATE)
+    optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR)
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
     wall, busy, acts, losses = [], [], [], []

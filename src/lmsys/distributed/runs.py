@@ -10,12 +10,12 @@ from typing import Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose, parse_list
+from lmsys.train.optim import DDP_TRAIN_LR
 
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
 SHARDABLE = STRATEGIES[:5]  # --shard-optimizer wraps their AdamW in ZeRO-1; the FSDPs shard their own way
 COMM_DTYPES = ("fp32", "bf16")
 BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
-LEARNING_RATE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def check_levers_for_backend(runs: list[RunSpec], backend: str) -> None:
 
 
 def set_nccl_ctas(ctas: Optional[int]) -> Optional[str]:
-    """NCCL_MIN_CTAS = NCCL_MAX_CTAS = ctas in this process's environment (the ranks inherit it); the
-    words for the run line, or None."""
+    """NCCL_MIN_CTAS = NCCL_MAX_CTAS = ctas in this process's environment (the ranks inherit it); what
+    the run line says of it, or None."""
     if ctas is None:
         return None
     if ctas < 1:
@@ -102,7 +102,7 @@ def run_line(*, backend: str, world_size: int, batch_size: int, dtype: str, warm
              extra: Optional[str] = None) -> str:
     numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
     line = (f"{backend}, world size {world_size}, batch {batch_size} per rank, {numerics}, "
-            f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
+            f"AdamW lr {DDP_TRAIN_LR:g}, warmup {warmup} + {steps} timed steps")
     return line + (f", {extra}" if extra else "")
 
 

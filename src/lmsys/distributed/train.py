@@ -29,30 +29,32 @@ from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
-from lmsys.distributed.runs import LEARNING_RATE, RunSpec
+from lmsys.distributed.runs import RunSpec
 from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
-from lmsys.train.step import ADAMW_DEFAULTS, TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
+from lmsys.train.build import build_model
+from lmsys.train.optim import ADAMW_DEFAULTS, DDP_TRAIN_LR, make_optimizer
+from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 
 
-def check_model(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
-                runs: list[RunSpec]) -> tuple[str, int]:
-    """The model `ddp train` builds, checked once in the launching process (not on every rank): the
-    default size and context for the backend, the dtype on that device and for the strategies, a bad
-    preset or YAML."""
+def resolve_model_size(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
+                       runs: list[RunSpec]) -> tuple[str, int]:
+    """(size, context length) of the model `ddp train` builds, resolved and checked once in the
+    launching process (not on every rank): the defaults for the backend's device, the dtype on that
+    device and for the strategies, a bad preset or YAML."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
+    from lmsys.model.config import default_context_length, default_size, resolve_configs
 
-    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    check_dtype_for_device(dtype, resolve_device(device_type))
     if dtype == "fp16" and any(r.strategy in ("fsdp", "torch-fsdp") for r in runs):
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
-    size = size or ("small" if backend == "nccl" else "tiny")
-    if context_length is None:  # an explicit 0 must reach the check below, not become the default
-        context_length = 512 if backend == "nccl" else 128
-    if context_length < 1:
-        raise LmsysError(f"--context-length must be positive, got {context_length}")
-    get_config(size).with_overrides(context_length=context_length)
+    size = size or default_size(device_type)
+    if context_length is None:  # an explicit 0 must reach the check, not become the default
+        context_length = default_context_length(device_type)
+    resolve_configs([size], context_length=context_length)
     return size, context_length
 
 
@@ -106,18 +108,19 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
 def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup, total, seed):
     """(rows, 1-process ms/step or None, reference parameters or None, notes). Each one-process run
     happens only when the memory estimate fits the budget; a caught OOM is the backstop."""
+    from lmsys.core.devices import oom_row
     from lmsys.distributed.memory import fits
 
     label = f"1 process, batch {batch_size}"
     rows, notes, single_ms, reference = [], [], None, None
-    ok, words = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
+    ok, why = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
     if ok:
         batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
         row, _ = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup, seed=seed,
-                                     label=label, keep_params=False, words=words)
+                                     label=label, keep_params=False, estimate=why)
         del batches
     else:
-        row = _oom_row(label, f"OOM: {words}")
+        row = oom_row(f"OOM: {why}", ROW_KEYS, strategy=label, optimizer="AdamW")
     rows.append(row)
     if row["status"] == "ok":
         single_ms = row["ms/step"]
@@ -125,21 +128,23 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
         notes.append(f"{label}: {row['status']}; it was not run to the end, so scaling eff % is empty "
                      "(nothing to compare with). The strategies still ran.")
     full = batch_size * ctx.world_size
-    ok, words = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
+    ok, why = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
     if ok:
         batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
         ref_row, reference = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup,
-                                                 seed=seed, label="reference", keep_params=True, words=words)
-        words = ref_row["status"]
+                                                 seed=seed, label="reference", keep_params=True, estimate=why)
+        why = ref_row["status"]
         del batches
     if reference is None:
         notes.append(f"parity max|Δθ| is empty: the reference (one process on the full batch of {full}) "
-                     f"does not fit ({words.removeprefix('OOM: ')}), so there is nothing to compare with.")
+                     f"does not fit ({why.removeprefix('OOM: ')}), so there is nothing to compare with.")
     return rows, single_ms, reference, notes
 
 
-def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, keep_params, words):
-    """single_process_run; torch's OOM becomes an `OOM` row (and no parameters)."""
+def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, keep_params, estimate):
+    """single_process_run; torch's OOM becomes an `OOM` row (and no parameters). `estimate`: what the
+    memory estimate said (`fits`), for that row."""
+    from lmsys.core.devices import oom_row
     from lmsys.distributed.memory import PhaseTracker, requested_bytes
 
     try:
@@ -148,37 +153,27 @@ def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, kee
                                   seed=seed, label=label, keep_params=keep_params)
     except torch.OutOfMemoryError as exc:
         asked = requested_bytes(exc)
-        status = f"OOM (caught{', tried to allocate ' + asked if asked else ''}; the estimate said {words})"
+        status = f"OOM (caught{', tried to allocate ' + asked if asked else ''}; the estimate said {estimate})"
     free_memory(ctx.device)
-    return _oom_row(label, status), None
-
-
-def _oom_row(label: str, status: str) -> dict:
-    row = dict.fromkeys(ROW_KEYS)
-    row.update({"strategy": label, "optimizer": "AdamW", "status": status})
-    return row
+    return oom_row(status, ROW_KEYS, strategy=label, optimizer="AdamW"), None
 
 
 def _to(batch, device):
     return tuple(t.to(device) for t in batch)
 
 
-def build_model(config: ModelConfig, *, device, seed: int):
-    from lmsys.model.transformer import TransformerLM
-
-    torch.manual_seed(seed)
-    return TransformerLM(config, device=device)
-
-
-def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int) -> RegionTimer:
-    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer)."""
+def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, tracker=None) -> RegionTimer:
+    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). With `tracker`
+    (a PhaseTracker), the gradient sync the runner calls after backward enters its `comm` phase."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
     timer = RegionTimer(device)
     names = {**TIMER_NAMES, "after_backward": "comm wait"}
+    sync = getattr(model, "finish_gradient_synchronization", None)
+    if sync is not None and tracker is not None:
+        sync = tracker.in_phase("comm", sync)
     for i, (inputs, targets) in enumerate(batches):
         run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
-                 before=getattr(model, "on_train_batch_start", None),
-                 after_backward=getattr(model, "finish_gradient_synchronization", None))
+                 before=getattr(model, "on_train_batch_start", None), after_backward=sync)
     synchronize(device)
     return timer
 
@@ -188,7 +183,7 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=LEARNING_RATE)
+    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
     timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
     peak = peak_memory(device)
     optim_bytes = optimizer_state_bytes(optimizer)
@@ -220,7 +215,8 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
         sharded = shard_optimizer and spec.strategy not in ("fsdp", "torch-fsdp")
         optimizer = make_strategy_optimizer(wrapped, spec, sharded=sharded)
         tracker.watch(wrapped, optimizer)
-        timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup)
+        timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup,
+                           tracker=tracker)
     except torch.OutOfMemoryError as exc:
         raise RankOutOfMemory(rank=ctx.rank, phase=tracker.phase, what=spec.label, exc=exc) from None
     tracker.close()
@@ -259,8 +255,8 @@ def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.o
     if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)
         from lmsys.distributed.sharded_optimizer import ShardedOptimizer
 
-        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=LEARNING_RATE, **ADAMW_DEFAULTS)
-    return make_optimizer(wrapped.parameters(), lr=LEARNING_RATE)
+        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=DDP_TRAIN_LR, **ADAMW_DEFAULTS)
+    return make_optimizer(wrapped.parameters(), lr=DDP_TRAIN_LR)
 
 
 def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
@@ -278,7 +274,7 @@ def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
         if spec.lever == "bucket-optimizer":
             # the same (foreach) AdamW as every other row: a fused one per bucket measured 163 ms against
             # 190 on 2xH200, most of it fused against foreach, not overlap
-            factory = partial(make_optimizer, lr=LEARNING_RATE)
+            factory = partial(make_optimizer, lr=DDP_TRAIN_LR)
         return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
                                bucket_order="learned" if spec.lever == "learned-order" else "reverse",
                                grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout,

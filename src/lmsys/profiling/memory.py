@@ -26,7 +26,7 @@ class ContextRun:
 def sweep_contexts(configs, device, *, batch_size: int, dtype: str, mode: str, steps: int, max_entries: int,
                    out_dir: Path):
     """Record each (name, config) in turn; write its snapshot pickle and PNG; yield a ContextRun."""
-    from lmsys.train.step import Workload
+    from lmsys.train import Workload
 
     for name, cfg in configs:
         cap = capture(Workload(cfg, batch_size=batch_size, dtype=dtype), device, mode=mode, steps=steps,

@@ -72,7 +72,7 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
     """Record `steps` steps of `mode` (model construction included) and return the snapshot."""
     import torch
 
-    from lmsys.train.step import build_train_step, random_batch, run_step
+    from lmsys.train import build_train_step, random_batch, run_step
     from lmsys.core.devices import free_memory, is_oom
 
     check_cuda(device)

@@ -17,7 +17,7 @@ from pathlib import Path
 def run(spec: dict) -> None:
     import torch
 
-    from lmsys.train.step import Workload, build_train_step, random_batch, run_step
+    from lmsys.train import Workload, build_train_step, random_batch, run_step
     from lmsys.core.devices import resolve_device
     from lmsys.core.timing import synchronize
     from lmsys.model.config import ModelConfig

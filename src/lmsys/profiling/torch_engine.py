@@ -31,7 +31,7 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from lmsys.train.step import build_train_step, random_batch, run_step
+    from lmsys.train import build_train_step, random_batch, run_step
     from lmsys.core.timing import synchronize
 
     out_dir.mkdir(parents=True, exist_ok=True)
