@@ -149,7 +149,7 @@ def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
     from lmsys.kernels import flash_triton as ft
 
     seen = []
-    forward, backward = ft.flash_forward, ft.flash_backward
+    forward, backward = ft.launch_forward, ft.launch_backward
 
     def spy_forward(*args, policy=None, **kwargs):
         seen.append(("fwd", policy))
@@ -159,8 +159,8 @@ def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
         seen.append(("bwd", policy))
         return backward(*args, policy=policy, **kwargs)
 
-    monkeypatch.setattr(ft, "flash_forward", spy_forward)
-    monkeypatch.setattr(ft, "flash_backward", spy_backward)
+    monkeypatch.setattr(ft, "launch_forward", spy_forward)
+    monkeypatch.setattr(ft, "launch_backward", spy_backward)
     cpu = torch.device("cpu")
     sweep, _ = bench_attention.resolve_sweep(
         device=cpu, impls=["naive", "flash-triton"], batch=[1], heads=[2], d_head=[16], seq_len=[24], causal=True,
