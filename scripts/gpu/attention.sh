@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FlashAttention-2 on one GPU (kind nvidia-h200), from the repository root: `bash scripts/gpu/attention.sh`.
 # PARTS picks the steps (default "tests check leaderboard levers"), in this order:
-#   tests        the flash kernels' tests on the GPU (gpu-marked ones included) -> $OUT/pytest.txt
+#   tests        the flash kernels' tests on the GPU (gpu-marked ones included) -> $OUT/pytest.txt, then
+#                every other gpu-marked test -> $OUT/pytest_gpu.txt
 #   check        lmsys flash check on cuda (flash-triton; flash-torch) -> check.md
 #   leaderboard  bf16 causal b1 h16 s16384, d 64 and d 128: SDPA's flash and cuDNN backends against flash-triton
 #   levers       flash-triton's levers at that shape, each from the tl kernels (gluon off, deterministic
@@ -22,9 +23,13 @@ run() {  # run FILE lmsys-args: the table under its command in $OUT/FILE (nothin
 {
 date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
 if part tests; then
-  T=300 X python3 -m pytest -q -p no:cacheprovider tests/test_flash_triton.py tests/test_flash_torch.py \
-    > "$OUT/pytest.txt" 2>&1
+  # one config per kernel unless a test picks its own (compile time), 8 workers; then every other gpu test
+  LMSYS_FLASH_AUTOTUNE=0 T=300 X python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_flash_triton.py \
+    tests/test_flash_torch.py > "$OUT/pytest.txt" 2>&1
   tail -n 3 "$OUT/pytest.txt"
+  T=150 X python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_kernels.py tests/test_optimizer_in_backward.py \
+    tests/test_profile_memory.py tests/test_distributed_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  tail -n 3 "$OUT/pytest_gpu.txt"
 fi
 if part check; then
   T=250 run check.md flash check --device cuda --cases "${CASES:-24}" --seed 0
