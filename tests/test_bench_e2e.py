@@ -49,8 +49,7 @@ def test_e2e_default_on_cpu_is_tiny_with_warmup_zero_and_overrides(lmsys):
 
 def test_e2e_bf16_and_sweep_of_sizes(lmsys, tmp_path):
     yaml = tmp_path / "t.yaml"
-    yaml.write_text("preset: tiny
-")  # a second size: a list item given twice is refused
+    yaml.write_text("preset: tiny\n")  # a second size: a list item given twice is refused
     r = lmsys("bench", "e2e", "--size", f"tiny,{yaml}", "--dtype", "bf16", "--layers", "1", *FAST, "-f", "json")
     assert r.code == 0, r.err
     doc = json.loads(r.out)

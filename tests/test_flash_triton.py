@@ -524,7 +524,7 @@ def test_policy_pick_walks_every_fitting_config_and_leaves_the_autotuner_alone(m
     two = [flash_triton._config(16, 16, 4, 1), flash_triton._config(32, 16, 4, 1)]
     tuner = flash_triton._tuners()["fwd"]
     cached = dict(tuner.cache)
-    q, k, v = (torch.randn(1, 2, 37, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 37, 16, device=DEVICE) for _ in range(3))
     configs = {**flash_triton.CONFIGS, "fwd": two}
     for i, expected in enumerate(["16×16", "32×16", "16×16"]):
         policy = flash_triton.Policy(pick=i, configs=configs)
@@ -801,13 +801,13 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
 # ------------------------------------------------------------- torch.compile: the custom ops
 
 
-def _tiny_model(attn_impl: str, dtype=torch.float32):
+def _tiny_model(attn_impl: str, dtype=torch.float32, device="cpu"):
     from lmsys.model.config import PRESETS
     from lmsys.model.transformer import TransformerLM
 
     cfg = PRESETS["tiny"].with_overrides(context_length=40, vocab_size=512, attn_impl=attn_impl)
     torch.manual_seed(0)
-    return TransformerLM(cfg, dtype=dtype)
+    return TransformerLM(cfg, dtype=dtype).to(device)
 
 
 def _loss_and_grads(model, x, y, forward=None):
@@ -821,9 +821,11 @@ def test_compiled_model_keeps_one_graph_through_flash_triton_and_matches_eager_a
     """attn_impl="flash-triton" under torch.compile: Dynamo traces through the custom ops (no graph break),
     and the compiled loss and gradients (aot_eager: fake tensors and AOT autograd through the ops' fake
     implementations and registered backward) match eager's and a float64 model's with naive attention."""
-    model = _tiny_model("flash-triton")
+    model = _tiny_model("flash-triton", device=DEVICE)
     g = torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
     x, y = (torch.randint(0, 512, (2, 37), generator=g) for _ in range(2))  # 37: partial tiles
+    cpu_x, cpu_y = x, y
+    x, y = x.to(DEVICE), y.to(DEVICE)
     explained = torch._dynamo.explain(model)(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
     eager_loss, eager_grads = _loss_and_grads(model, x, y)
@@ -831,8 +833,8 @@ def test_compiled_model_keeps_one_graph_through_flash_triton_and_matches_eager_a
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     loss, grads = _loss_and_grads(model, x, y, forward=compiled)
     reference = _tiny_model("naive", torch.float64)
-    reference.load_state_dict({name: p.double() for name, p in model.state_dict().items()})
-    ref_loss, ref_grads = _loss_and_grads(reference, x, y)
+    reference.load_state_dict({name: p.double().cpu() for name, p in model.state_dict().items()})
+    ref_loss, ref_grads = _loss_and_grads(reference, cpu_x, cpu_y)
     assert abs(loss.item() - eager_loss.item()) < 1e-5 and abs(loss.item() - ref_loss.item()) < 1e-4
     for name, ref in ref_grads.items():
         assert _rel(grads[name], eager_grads[name]) < 1e-5, name
@@ -843,14 +845,14 @@ def test_custom_ops_pass_opcheck():
     """The ops' schemas, fake implementations, autograd registration and AOT dispatch (torch.library.opcheck),
     on grouped-query inputs of awkward lengths; their results against float64."""
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 4, 21, 16, generator=g, requires_grad=True)
-    k, v = (torch.randn(1, 2, 27, 16, generator=g, requires_grad=True) for _ in range(2))
+    q = torch.randn(1, 4, 21, 16, generator=g).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(1, 2, 27, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
     o, lse = torch.ops.lmsys.flash_fwd(q, k, v, False)
     o_ref, lse_ref = reference_attention(q, k, v, False)
     assert _rel(o, o_ref) < 1e-4 and _rel(lse, lse_ref) < 1e-4
     do = torch.randn_like(o)
     dq, dk, dv = torch.ops.lmsys.flash_bwd(do, q, k, v, o, lse, False)
-    for got, ref in zip((dq, dk, dv), torch.autograd.grad(o_ref, (q, k, v), do.double())):
+    for got, ref in zip((dq, dk, dv), torch.autograd.grad(o_ref, (q, k, v), do.double().to(o_ref.device))):
         assert _rel(got, ref) < 1e-4
     torch.library.opcheck(torch.ops.lmsys.flash_fwd.default, (q, k, v, True))
     # the backward op has no backward of its own (no double backward): checked on inputs without grad
