@@ -21,7 +21,7 @@ def train(
     pp_schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved-1f1b.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option(help="Chunks per pipeline rank (interleaved-1f1b).")] = 1,
     microbatches: Annotated[int, typer.Option(help="Microbatches per step; --batch-size is split into them.")] = 4,
-    impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each.")] = "lmsys",
+    impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each (torch: DTensor parallelize_module, torch.distributed.pipelining, FSDP2 / DDP over dp).")] = "lmsys",
     size: Annotated[Optional[str], typer.Option(help="One model preset or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per data-parallel rank per step (split into the microbatches).")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
