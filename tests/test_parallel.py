@@ -195,7 +195,8 @@ def worker_4(rank, world, store_path, out_path):
     _init(rank, world, store_path)
     ctx = _ctx(rank, world)
     results = {"rows": _job(ctx, ["dp=2,tp=2", "pp=2,dp=2", "pp=2,tp=2"], sequence_parallel=True),
-               "fsdp": _job(ctx, ["pp=2,dp=2"], dp_strategy="fsdp")}
+               # lmsys's FSDP and torch's FSDP2 on the mesh's dp dim, beside TP and PP
+               "fsdp": _job(ctx, ["pp=2,dp=2", "dp=2,tp=2"], dp_strategy="fsdp", impls=["lmsys", "torch"])}
     gloo_world.finish(rank, results, out_path)
 
 
@@ -232,4 +233,9 @@ def test_world_4_meshes_against_one_process():
     res = gloo_world.run_world(worker_4, 4)
     _assert_parity(res["rows"])
     assert [r["mesh"] for r in res["rows"]] == ["dp=2,tp=2,pp=1", "dp=2,tp=1,pp=2", "dp=1,tp=2,pp=2"]
-    assert res["fsdp"][0]["status"].startswith("not run")
+    fsdp = res["fsdp"]
+    _assert_parity(fsdp)
+    assert [(r["impl"], r["mesh"]) for r in fsdp] == [("lmsys", "dp=2,tp=1,pp=2"), ("torch", "dp=2,tp=1,pp=2"),
+                                                     ("lmsys", "dp=2,tp=2,pp=1"), ("torch", "dp=2,tp=2,pp=1")]
+    # parameters (so gradients and optimizer state) sharded over dp: half of bucketed DDP's per rank
+    assert fsdp[0]["params/rank"] < 0.51 * res["rows"][1]["params/rank"]

@@ -87,7 +87,8 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         return _status_row("torch", spec, dp_strategy, schedule_label, why)
     if impl == "lmsys" and spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
         return _status_row("lmsys", spec, dp_strategy, schedule_label,
-                           f"not run: --dp-strategy {dp_strategy} is not composed with a mesh yet (bucketed is)")
+                           f"not run: {dp_strategy} is torch's wrapper, composed with torch's TP/PP in the "
+                           f"--impl torch row; lmsys rows run bucketed or fsdp")
     mesh = build_mesh(spec, device_type=ctx.device.type)
     coords = spec.coords(ctx.rank)
     reset_peak_memory(ctx.device)
