@@ -8,7 +8,7 @@ import typer
 
 from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
-app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter and broadcast bandwidth over gloo or NCCL.",
+app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter, broadcast and send-recv bandwidth over gloo or NCCL.",
                   no_args_is_help=True)
 
 BackendOpt = Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")]
@@ -34,6 +34,9 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     nbytes = [parse_bytes(label) for label in labels]
     check_message_sizes(labels, nbytes, dtype)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    if collective == "send-recv" and (odd := [n for n in requested or (2,) if n % 2]):
+        raise LmsysError(f"--world-size: send-recv pairs ranks 0-1, 2-3, ..., so every world size must be even, "
+                         f"got {odd[0]}")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
@@ -86,7 +89,9 @@ COMMANDS = (  # (command name, collective, help)
     ("all-gather", "all-gather", "All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."),
     ("reduce-scatter", "reduce-scatter", "Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."),
     ("broadcast", "broadcast", "Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."),
+    ("send-recv", "send-recv", "Point-to-point send/recv between rank pairs 0-1, 2-3, ... both ways (what pipeline stages exchange): time, algbw, busbw, with a copy check."),
 )
 for _name, _collective, _doc in COMMANDS:
     app.command(_name)(_command(_collective, _doc))
 app.command("all-reduce", hidden=True)(_command("all-reduce", COMMANDS[0][2]))  # the spelling of the other three
+app.command("sendrecv", hidden=True)(_command("send-recv", COMMANDS[4][2]))  # nccl-tests' spelling

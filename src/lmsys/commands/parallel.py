@@ -16,12 +16,12 @@ app = typer.Typer(help="Tensor / sequence / pipeline parallelism on a device mes
 @app.command("train")
 def train(
     mesh: Annotated[Optional[List[str]], typer.Option(help="Mesh degrees, e.g. dp=2,tp=2,pp=1 (missing dims are 1; they multiply to the world size; tp varies fastest). Repeat to compare meshes. Default: tp=<world size>.")] = None,
-    dp_strategy: Annotated[str, typer.Option(help="bucketed | fsdp | torch-ddp | torch-fsdp: what runs over the dp dim (bucketed is composed with the mesh; the others answer with a status row).")] = "bucketed",
+    dp_strategy: Annotated[str, typer.Option(help="bucketed | fsdp | torch-ddp | torch-fsdp: what runs over the dp dim. lmsys rows: lmsys's bucketed DDP or FSDP; torch rows: DDP (bucketed, torch-ddp; tp=pp=1 only) or FSDP2 (fsdp, torch-fsdp).")] = "bucketed",
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", metavar="", help="Norms and residuals on sequence shards: all-gather / reduce-scatter instead of all-reduce.")] = False,
     pp_schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved-1f1b.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option(help="Chunks per pipeline rank (interleaved-1f1b).")] = 1,
     microbatches: Annotated[int, typer.Option(help="Microbatches per step; --batch-size is split into them.")] = 4,
-    impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each.")] = "lmsys",
+    impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each (torch: DTensor parallelize_module, torch.distributed.pipelining, FSDP2 / DDP over dp).")] = "lmsys",
     size: Annotated[Optional[str], typer.Option(help="One model preset or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per data-parallel rank per step (split into the microbatches).")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,

@@ -145,8 +145,8 @@ class NaiveDDP(_DataParallel):
                 p.grad = torch.zeros_like(p)
             if self._prescale is not None:
                 p.grad.mul_(self._prescale)
-            dist.all_reduce(p.grad, op=self._op)
-        for p, anywhere in zip(self._params, GradPresence(present, self._device).anywhere()):
+            dist.all_reduce(p.grad, op=self._op, group=self.group)
+        for p, anywhere in zip(self._params, GradPresence(present, self._device, self.group).anywhere()):
             if not anywhere:
                 p.grad = None
 
@@ -166,7 +166,7 @@ class FlatDDP(_DataParallel):
             if i == 0:  # flags: 1 per parameter present here; after the sum, >0 means some rank had one
                 parts.append(presence_flags(present, dtype=dtype, device=self._device))
             # the prescale scales the flags too: they only need to stay > 0
-            reduced.append(all_reduce_flat(parts, op=self._op, prescale=self._prescale))
+            reduced.append(all_reduce_flat(parts, op=self._op, prescale=self._prescale, group=self.group))
         if not reduced:
             return
         if all(present):  # present here, so present somewhere: no need to read the flags
@@ -182,8 +182,8 @@ class FlatDDP(_DataParallel):
 class OverlapDDP(_DataParallel):
     """An async all-reduce per parameter, launched from its post-accumulate-grad hook."""
 
-    def __init__(self, module: nn.Module):
-        super().__init__(module)
+    def __init__(self, module: nn.Module, *, group=None):
+        super().__init__(module, group=group)
         self._order = list(reversed(self._params))  # launch order: roughly backward's order
         self._index = {id(p): i for i, p in enumerate(self._order)}
         self._register_grad_ready_hooks(self._order)
@@ -218,14 +218,14 @@ class OverlapDDP(_DataParallel):
                 p.grad = torch.zeros_like(p)
             if self._prescale is not None:
                 p.grad.mul_(self._prescale)
-            self._works[self._next] = dist.all_reduce(p.grad, op=self._op, async_op=True)
+            self._works[self._next] = dist.all_reduce(p.grad, op=self._op, group=self.group, async_op=True)
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:
         present = [p.grad is not None for p in self._order]
         self._ready = [True] * len(self._order)  # whatever is left goes now, in order
         self._launch_ready()
-        anywhere = GradPresence(present, self._device).anywhere()
+        anywhere = GradPresence(present, self._device, self.group).anywhere()
         for p, work, used in zip(self._order, self._works, anywhere):
             work.wait()
             if not used:

@@ -52,14 +52,10 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
                                                      seed=seed)
         barrier(ctx)
         for impl in impls:
-            if impl == "torch":
-                row = _status_row(impl, spec, dp_strategy, pp_schedule, "not run: torch's rows (DTensor "
-                                  "parallelize_module, torch.distributed.pipelining, FSDP2) are not wired yet")
-            else:
-                row = mesh_run(ctx, config, spec, source, dp_strategy=dp_strategy, sequence_parallel=sequence_parallel,
-                               pp_schedule=pp_schedule, virtual_stages=virtual_stages, microbatches=microbatches,
-                               dtype=dtype, warmup=warmup, total=total, seed=seed,
-                               reference=references.get(global_batch) if ctx.is_main else None)
+            row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
+                           sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                           virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
+                           total=total, seed=seed, reference=references.get(global_batch) if ctx.is_main else None)
             if ctx.is_main:
                 rows.append(row)
             barrier(ctx)
@@ -80,24 +76,33 @@ def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
     return losses, params
 
 
-def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_schedule, virtual_stages, microbatches,
-             dtype, warmup, total, seed, reference) -> dict:
+def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
+             microbatches, dtype, warmup, total, seed, reference) -> dict:
     from lmsys.distributed.parallelize import HAND_WRITTEN_DP, parallelize
+    from lmsys.distributed.torch_parallel import TorchParallelModel, local_numel, not_composable
 
     schedule_label = pp_schedule + (f", V={virtual_stages}" if pp_schedule == "interleaved-1f1b" else "") + \
         f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "")
-    if spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
+    if impl == "torch" and (why := not_composable(spec, dp_strategy)) is not None:
+        return _status_row("torch", spec, dp_strategy, schedule_label, why)
+    if impl == "lmsys" and spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
         return _status_row("lmsys", spec, dp_strategy, schedule_label,
-                           f"not run: --dp-strategy {dp_strategy} is not composed with a mesh yet (bucketed is)")
+                           f"not run: {dp_strategy} is torch's wrapper, composed with torch's TP/PP in the "
+                           f"--impl torch row; lmsys rows run bucketed or fsdp")
     mesh = build_mesh(spec, device_type=ctx.device.type)
     coords = spec.coords(ctx.rank)
     reset_peak_memory(ctx.device)
     model = build_model(config, device=ctx.device, seed=seed)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     b = source.global_batch // spec.dp
-    pm = parallelize(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
-                     virtual_stages=virtual_stages, microbatches=microbatches,
-                     tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy)
+    if impl == "torch":
+        pm = TorchParallelModel(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                                virtual_stages=virtual_stages, microbatches=microbatches, dp_strategy=dp_strategy,
+                                device=ctx.device)
+    else:
+        pm = parallelize(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                         virtual_stages=virtual_stages, microbatches=microbatches,
+                         tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy)
     del model
     optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR)
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
@@ -111,7 +116,7 @@ def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_sc
         res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device)
         optimizer.step()
         synchronize(ctx.device)
-        losses.append(res.loss)
+        losses.append(None if res.loss is None else float(res.loss))
         if i >= warmup:
             wall.append(time.perf_counter() - t0)
             busy.append(res.busy_s)
@@ -123,11 +128,12 @@ def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_sc
     dist.all_reduce(last_loss)
     # per-rank facts -> rank 0
     peak = peak_memory(ctx.device)
-    n_params = sum(p.numel() for p in pm.parameters())
+    n_params = sum(local_numel(p) for p in pm.parameters())
     step_ms = statistics.median(wall) * 1e3
-    idle = [(w - bz) / w for w, bz in zip(wall, busy)]
-    mine = dict(busy=statistics.median(busy), idle=statistics.median(idle), act=max(acts), peak=peak,
-                params=n_params, ms=step_ms)
+    measured = busy[0] is not None  # torch's schedules do not report their compute time
+    idle = [(w - bz) / w for w, bz in zip(wall, busy)] if measured else [0.0]
+    mine = dict(busy=statistics.median(busy) if measured else 0.0, idle=statistics.median(idle),
+                act=max(acts) if measured else None, peak=peak, params=n_params, ms=step_ms)
     facts = [None] * ctx.world_size
     dist.all_gather_object(facts, mine)
     full = pm.full_parameters(shapes)
@@ -140,7 +146,7 @@ def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_sc
     row = dict.fromkeys(ROW_KEYS)
     peaks = [f["peak"] for f in facts if f["peak"] is not None]
     row.update({
-        "impl": "lmsys", "mesh": spec.label, "dp strategy": dp_strategy if spec.dp > 1 else "-",
+        "impl": impl, "mesh": spec.label, "dp strategy": dp_strategy if spec.dp > 1 else "-",
         "schedule": schedule_label if spec.pp > 1 or microbatches > 1 else ("SP" if sequence_parallel and spec.tp > 1 else "-"),
         "ms/step": ms,
         "tokens/s": tokens / (ms * 1e-3),  # the global batch's tokens per step / step time
@@ -149,10 +155,10 @@ def mesh_run(ctx, config, spec, source, *, dp_strategy, sequence_parallel, pp_sc
         "peak MiB/rank": max(peaks) / MiB if peaks else None,
         "params/rank": max(f["params"] for f in facts),
         # idle over step time on the stage with the most compute (the one that sets the pace)
-        "bubble %": 100 * busiest["idle"] if spec.pp > 1 else None,
+        "bubble %": 100 * busiest["idle"] if spec.pp > 1 and measured else None,
         "ideal bubble %": 100 * ideal_bubble(pp_schedule, pp=spec.pp, microbatches=microbatches,
                                              virtual_stages=virtual_stages) if spec.pp > 1 else None,
-        "act MiB held": max(f["act"] for f in facts) / MiB,
+        "act MiB held": max(f["act"] for f in facts) / MiB if measured else None,
         "loss": float(last_loss[-1]),
         "status": "ok",
     })

@@ -5,7 +5,8 @@ The result, a `ParallelModel`, trains with `train_step(inputs, targets)`: this d
 into microbatches, run through the pipeline schedule (pp = 1 is one stage: plain gradient accumulation),
 and the gradients are averaged over the dp group before the optimizer. Data parallelism is lmsys's
 BucketedDDP on the dp group, its buckets launched during the last microbatch's backward (the earlier
-ones accumulate locally, `require_grad_sync = False`). `full_parameters()` gathers every rank's shards
+ones accumulate locally, `require_grad_sync = False`), or lmsys's FSDP on the dp group (`reshard=False`:
+each unit stays gathered through the step's microbatches, its gradient reduce-scattered per backward). `full_parameters()` gathers every rank's shards
 into the full model's parameters on global rank 0.
 Activation checkpointing and compile are not applied yet (the slot is between PP and DP).
 """
@@ -17,12 +18,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from lmsys.distributed.fsdp import FSDP
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.pipeline import PipelineModule, StepResult, partition, run_schedule, schedule
 from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss
 
 DP_STRATEGIES = ("bucketed", "fsdp", "torch-ddp", "torch-fsdp")
-HAND_WRITTEN_DP = ("bucketed",)  # the others are rows with a status (see parallel_train)
+HAND_WRITTEN_DP = ("bucketed", "fsdp")  # lmsys rows; torch-* run torch's wrappers (torch_parallel)
 
 
 class ParallelModel:
@@ -32,12 +34,12 @@ class ParallelModel:
         self.last_backward = max(i for i, (op, _, _) in enumerate(actions) if op == "B")
 
     def parameters(self):
-        return self.stage.parameters()
+        return (self.dp if isinstance(self.dp, FSDP) else self.stage).parameters()
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
                    device=None) -> StepResult:
         mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
-        if self.dp is not None:
+        if self.dp is not None and not isinstance(self.dp, FSDP):
             self.dp.on_train_batch_start()
             self.dp.require_grad_sync = False
             actions = self.actions
@@ -55,10 +57,14 @@ class ParallelModel:
 
     def local_pieces(self) -> dict[str, tuple[Optional[int], Optional[list[int]], torch.Tensor]]:
         """{full name: (dim, index or None, tensor)} of the parameters this rank holds (dp rank 0 only)."""
+        if isinstance(self.dp, FSDP):
+            named = self.dp.gather_full_params().items()  # a collective on the dp group
+        else:
+            named = self.stage.named_parameters()
         if self.mesh.coord("dp") != 0:
             return {}
         out = {}
-        for name, p in self.stage.named_parameters():
+        for name, p in named:
             full, dim, index = self.stage.tp_layout.get(name, (name, None, None))
             if index is None and self.mesh.coord("tp") != 0:
                 continue  # a replicated copy: tp rank 0's stands for all
@@ -116,9 +122,13 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
     wrapper = None
     if dp > 1:
         if dp_strategy not in HAND_WRITTEN_DP:
-            raise ValueError(f"dp strategy {dp_strategy!r} is not composed with the mesh yet")
-        from lmsys.distributed.ddp import BucketedDDP
+            raise ValueError(f"dp strategy {dp_strategy!r} is torch's: lmsys.distributed.torch_parallel runs it")
+        if dp_strategy == "fsdp":
+            wrapper = FSDP(stage, units=list(stage.layers.values()), group=mesh.group("dp"), reshard=False)
+            stage.before_forward = wrapper.gather_root
+        else:
+            from lmsys.distributed.ddp import BucketedDDP
 
-        wrapper = BucketedDDP(stage, bucket_mb, group=mesh.group("dp"))
+            wrapper = BucketedDDP(stage, bucket_mb, group=mesh.group("dp"))
     seq = config.context_length // tp if (sequence_parallel and tp > 1) else config.context_length
     return ParallelModel(stage, mesh, actions=list(actions), dp_wrapper=wrapper, act_dim=(seq, config.d_model))

@@ -94,9 +94,12 @@ class PipelineModule(nn.Module):
         names = {n for n, _ in self.named_parameters()}
         self.tp_layout = {k: v for k, v in getattr(model, "tp_layout", {}).items() if k in names}
         self._loss_fn = loss_fn
+        self.before_forward = None  # called before each chunk's forward (FSDP installs its root unit)
 
     def chunk_forward(self, c: int, x: torch.Tensor, seq_len: int, targets=None) -> torch.Tensor:
         """Chunk c: token ids (first virtual stage) or activations in; activations or the loss out."""
+        if self.before_forward is not None:
+            self.before_forward()
         if c == 0 and self.first:
             x = self.token_embeddings(x)
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
