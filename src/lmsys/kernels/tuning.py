@@ -12,6 +12,7 @@ timing under CUDA graph capture.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -74,7 +75,7 @@ class Tuner:
             stored = self._read().get(text)
             chosen = next((c for c in candidates if config_json(c) == stored), None)
             if chosen is None:
-                times = [bench(lambda c=c: run(c)) for c in candidates]
+                times = [bench(functools.partial(run, c)) for c in candidates]  # .args[0]: the config
                 chosen = candidates[times.index(min(times))]
                 self._write(text, config_json(chosen))
         self.memory[key] = chosen
