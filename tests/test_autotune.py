@@ -199,3 +199,20 @@ def test_concurrent_writers_leave_a_whole_file(timer):
     second.choose(("b",), [SLOW, FAST], _never)
     assert set(json.loads(first.path().read_text())["entries"]) == {"a", "b"}
     assert sorted(os.listdir(first.path().parent)) == [first.path().name]
+
+
+def test_a_candidate_that_fails_is_passed_over(timer, monkeypatch):
+    """A config that fails to compile or launch (shared memory the estimate missed) is not chosen; when
+    every one fails, the error is raised and nothing is stored."""
+
+    def bench(run):
+        if run.args[0] is FAST:
+            raise RuntimeError("out of resources")
+        return 3.0
+
+    monkeypatch.setattr(tuning, "bench", bench)
+    tuner = _tuner()
+    assert tuner.choose(("k",), [SLOW, FAST], _never) is SLOW
+    with pytest.raises(RuntimeError, match="out of resources"):
+        tuner.choose(("j",), [FAST, FAST], _never)
+    assert set(json.loads(tuner.path().read_text())["entries"]) == {"k"}

@@ -50,6 +50,21 @@ def config_json(config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
+def _fastest(candidates: Sequence, run: Callable[[object], None]):
+    """The candidate `run` is fastest with; one that fails to compile or launch (a resource the estimate
+    missed) is passed over, as Triton's autotuner did; when all fail, the first one's error."""
+    times, errors = [], []
+    for config in candidates:
+        try:
+            times.append(bench(functools.partial(run, config)))  # .args[0]: the config
+        except Exception as exc:  # noqa: BLE001 - re-raised below when no candidate ran
+            times.append(float("inf"))
+            errors.append(exc)
+    if len(errors) == len(candidates):
+        raise errors[0]
+    return candidates[times.index(min(times))]
+
+
 class Tuner:
     """Choices by key for one kernel family `name`; `stamp()` says what they hold for (versions, source)."""
 
@@ -75,8 +90,7 @@ class Tuner:
             stored = self._read().get(text)
             chosen = next((c for c in candidates if config_json(c) == stored), None)
             if chosen is None:
-                times = [bench(functools.partial(run, c)) for c in candidates]  # .args[0]: the config
-                chosen = candidates[times.index(min(times))]
+                chosen = _fastest(candidates, run)
                 self._write(text, config_json(chosen))
         self.memory[key] = chosen
         return chosen
@@ -90,9 +104,8 @@ class Tuner:
             data = json.loads(self.path().read_text())
         except (OSError, ValueError):
             return {}
-        if not isinstance(data, dict) or data.get("stamp") != self._stamp() or not isinstance(data.get("entries"), dict):
-            return {}
-        return data["entries"]
+        entries = data.get("entries") if isinstance(data, dict) and data.get("stamp") == self._stamp() else None
+        return entries if isinstance(entries, dict) else {}
 
     def _write(self, text: str, value: dict) -> None:
         """Add one choice to the file (read again first: other processes' choices stay), atomically; a
