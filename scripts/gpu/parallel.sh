@@ -5,7 +5,7 @@
 #               numerics (xl bf16, batch 4 x 512, --fast off): the step times within 5 % (issue 29);
 #               REPS=N repeats the pair
 #   plan        one GPU: plan calibrate (xl's GEMM shapes, fp32 and bf16), then plan validate over
-#               small..2.7b, fp32 and bf16, with and without checkpointing (issue 30: within 10 %)
+#               small..2.7b (PLAN_SIZES), fp32 and bf16, with and without checkpointing (issue 30: within 10 %)
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
 #   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
 #   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
@@ -30,7 +30,7 @@ fi
 if part plan; then
   T=120 X python3 -m lmsys plan calibrate --size xl --dtype fp32,bf16 --profile "$OUT/h200.yaml" -f md \
     >> "$OUT/plan.md"
-  T=400 run plan.md plan validate --profile "$OUT/h200.yaml"
+  T=400 run plan.md plan validate --profile "$OUT/h200.yaml" --size "${PLAN_SIZES:-small,medium,large,xl,2.7b}"
 fi
 # xl has 25 heads, which tp=2 does not divide: the multi-GPU parts take xl with 20 (scripts/gpu/xl-h20.yaml)
 W2="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"
