@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from lmsys import __version__
-from lmsys.commands import bench, comm, ddp, flash, precision, profile
+from lmsys.commands import bench, comm, ddp, flash, listing, precision, profile
 from lmsys.core.errors import Interrupted, LmsysError
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.add_typer(comm.app, name="comm")
 app.add_typer(ddp.app, name="ddp")
 app.add_typer(flash.app, name="flash")
 app.command("precision")(precision.precision)
+app.command("list")(listing.list_names)
 
 
 def _version(value: bool) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.model.config import ATTENTION_IMPLS
+from lmsys.kernels.registry import NAMES as ATTENTION_NAMES
 from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
                                     emit, track)
 
@@ -27,7 +27,7 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_IMPLS) + ". Default naive (sdpa with --fast).")] = None,
+    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
     compile_blocks: Annotated[bool, typer.Option("--compile-blocks", metavar="", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", metavar="", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
@@ -47,14 +47,14 @@ def e2e(
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
     from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import choose
+    from lmsys.kernels.registry import check_name
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None:
-        choose(attn, ATTENTION_IMPLS, what="attention implementation")
+        check_name(attn)
 
     from lmsys.bench import e2e as lib
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device

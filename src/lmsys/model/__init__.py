@@ -8,13 +8,19 @@ __all__ = ["PRESETS", "ModelConfig", "config_from_yaml", "get_config", "paramete
 
 def describe(cfg: ModelConfig) -> str:
     """One line naming the shape of `cfg` (the meta line every report prints)."""
-    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
+    model = "" if cfg.model == "lmsys" else f"{cfg.model}" + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "") + ": "
+    return (f"{model}d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
             f"vocab {cfg.vocab_size}, context {cfg.context_length}")
 
 
 def count_parameters(config: ModelConfig) -> int:
     """Parameter count of the real module, built on the meta device: no memory is allocated."""
     import torch
+
+    if config.model != "lmsys":
+        from lmsys.model.user import count_parameters as count_user
+
+        return count_user(config)
 
     from lmsys.model.transformer import TransformerLM
 

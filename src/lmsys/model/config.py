@@ -7,11 +7,6 @@ from pathlib import Path
 
 from lmsys.core.errors import LmsysError
 
-# Every name `attn_impl` (and `bench e2e --attn`) accepts, torch-free so --help can list them; the same
-# keys as lmsys.kernels.attention.IMPLS (a test keeps the two equal).
-ATTENTION_IMPLS = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
-                   "flash-torch", "flash-triton", "annotated")
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -24,6 +19,8 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     attn_impl: str = "naive"
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
+    model: str = "lmsys"  # lmsys's TransformerLM, hf:NAME or pkg.module:Name (lmsys.model.user)
+    model_kwargs: str = ""  # the user's model's extra keyword arguments, as JSON text
 
     def __post_init__(self):
         # A YAML file can carry any type: check them here, so a string or 12.5 is a one-line error.
@@ -33,6 +30,8 @@ class ModelConfig:
                 raise LmsysError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.rope_theta, (int, float)) or isinstance(self.rope_theta, bool) or self.rope_theta <= 0:
             raise LmsysError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not isinstance(self.model, str) or not isinstance(self.model_kwargs, str):
+            raise LmsysError(f"model must be a model name, got {self.model!r}")
         if not isinstance(self.attn_impl, str):
             raise LmsysError(f"attn_impl must be an implementation name, got {self.attn_impl!r}")
         if self.d_model % self.num_heads:
