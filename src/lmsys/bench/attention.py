@@ -68,7 +68,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
                   batch: list[int] | None = None, heads: list[int] | None = None, d_head: list[int] | None = None,
                   seq_len: list[int] | None = None, dtype: str | None = None, causal: bool | None = None,
                   warmup: int | None = None, steps: int | None = None,
-                  kv_heads: int | None = None) -> tuple[Sweep, list[str]]:
+                  kv_heads: int | None = None, adapters: str | None = None) -> tuple[Sweep, list[str]]:
     """The sweep to run: the preset (or the seed's, or a small CPU one) with every given option on top.
     Returns it with notes saying what was chosen for the user."""
     from lmsys.core.devices import check_dtype_for_device
@@ -97,7 +97,10 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         warmup=base.warmup if warmup is None else warmup, steps=base.steps if steps is None else steps,
         kv_heads=kv_heads,
     )
-    for name in sweep.impls:
+    from lmsys.kernels.registry import check_name, resolve
+
+    for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
+        resolve(check_name(name, adapters=adapters, what="--impl"), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
     if sweep.warmup < 0 or sweep.steps < 1:
@@ -122,6 +125,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
 def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
     """Yield one row per (impl, batch, heads, d_head, seq_len), in that nesting order."""
     from lmsys.core.devices import free_memory, is_oom
+    from lmsys.core.imports import NotImplementedByUser
 
     for impl in sweep.impls:
         for batch in sweep.batch:
@@ -131,6 +135,8 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
                         key = {"impl": impl, "batch": batch, "heads": heads, "d": d, "seq": seq}
                         try:
                             row = {**key, **_measure(impl, batch, heads, d, seq, sweep, device)}
+                        except NotImplementedByUser as exc:
+                            row = {**key, "status": exc.status}
                         except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
                             if is_oom(exc):
                                 row = {**key, "status": "OOM"}

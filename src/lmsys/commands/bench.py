@@ -82,7 +82,8 @@ def e2e(
 
 @app.command("attention")
 def attention(
-    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton, yours-torch, yours-triton (with --adapters), pkg.module:Name or file.py:Name (your attention on [batch, seq, d]: heads are folded into the batch); `list` lists them. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     batch: Annotated[Optional[str], typer.Option("--batch-size", "--batch", help="Batch sizes, comma-separated. Defaults (here and below): the seed's sweep (batch 8, 1 head, d 16,32,64,128, seq 256..16384, fp32, no mask, warmup 10, steps 100) on a GPU or whenever a size option is given; on a CPU without sizes a small one (batch 1, d 16,64, seq 128,256, warmup 1, steps 5).")] = None,
     heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
@@ -99,7 +100,10 @@ def attention(
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
+    from lmsys.commands.listing import list_if_asked
     from lmsys.core.results import check_output_path
+
+    list_if_asked(impl=impl)
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")
@@ -115,7 +119,7 @@ def attention(
         batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
         d_head=parse_int_list(d_head, what="--d-head") or None,
         seq_len=parse_int_list(seq_len, what="--context-length") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads,
+        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, adapters=adapters,
     )
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)
