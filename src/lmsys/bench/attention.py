@@ -100,7 +100,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
     from lmsys.kernels.registry import check_name, resolve
 
     for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
-        resolve(check_name(name, adapters=adapters, what="--impl"), adapters=adapters)
+        resolve(check_name(name, adapters=adapters), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
     if sweep.warmup < 0 or sweep.steps < 1:

@@ -40,6 +40,8 @@ def e2e(
     sm_carveout: Annotated[Optional[int], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
     fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or factory, built with --size's sizes by keyword, ids [B, S] -> logits [B, S, V]); `list` lists them. Default: lmsys.")] = None,
+    model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
     compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -47,14 +49,19 @@ def e2e(
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
     from lmsys.core.errors import LmsysError
+    from lmsys.commands.listing import list_if_asked
     from lmsys.kernels.registry import check_name
+    from lmsys.model.user import check_model, parse_model_kwargs
 
+    list_if_asked(model=model)
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None:
         check_name(attn)
+    model = check_model(model) if model else None
+    kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e as lib
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
@@ -70,7 +77,8 @@ def e2e(
                                sm_carveout=sm_carveout)
     sizes = parse_list(size or lib.default_size(dev), str, what="--size")
     configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
+                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
+                                  model=model, model_kwargs=kwargs_json)
     workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     lib.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)

@@ -38,6 +38,7 @@ ADAPTER_NAMES: dict[str, str] = {
     "yours-triton": "get_flashattention_autograd_function_triton",
 }
 USER: set[str] = set()  # names in IMPLS that are a user's (they take [batch, seq, d])
+_FROM: dict[str, str] = {}  # yours-* -> the adapters module it was loaded from
 
 
 def register(name: str, fn: Callable | None = None):
@@ -76,7 +77,7 @@ def resolve(name: str, *, adapters: str | None = None) -> Callable:
     """The function for `name`, loaded (and put in IMPLS) now. A user's getter that raises
     NotImplementedError, or is missing, gives a function that raises NotImplementedByUser."""
     check_name(name, adapters=adapters)
-    if name in IMPLS:
+    if name in IMPLS and (name not in ADAPTER_NAMES or adapters is None or _FROM.get(name) == adapters):
         return IMPLS[name]
     if name in NAMES:
         import importlib
@@ -85,6 +86,7 @@ def resolve(name: str, *, adapters: str | None = None) -> Callable:
         return IMPLS[name]
     if name in ADAPTER_NAMES:
         getter = ADAPTER_NAMES[name]
+        _FROM[name] = adapters
         module = load_module(adapters, what="--adapters")
         try:
             obj = getattr(module, getter)()

@@ -4,7 +4,7 @@ config class, nothing downloaded; needs the `[hf]` extra).
 
 A user's model is built with the preset's sizes passed by keyword to whichever of `SIZE_NAMES` its
 constructor takes (`--model-kwargs` adds or overrides), under `torch.device(device)`, and wrapped in
-`UserLM`, which maps ids [B, S] to logits [B, S, V] (`.logits` accepted) and exposes the model's blocks
+`UserLM` (`_user_lm()`: defined on first use, so this module stays torch-free), which maps ids [B, S] to logits [B, S, V] (`.logits` accepted) and exposes the model's blocks
 (`find_blocks`: the largest ModuleList of modules of one type) as `.layers` for per-block compile and the
 in-backward optimizer. Parameters and FLOPs come from the built module (lmsys.core.flops.module_matmul_params).
 Names and kwargs are checked torch-free (`check_model`, `parse_model_kwargs`).
@@ -98,9 +98,11 @@ def _constructor_kwargs(factory, config, kwargs: dict, *, what: str) -> dict:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return {**sizes, **kwargs}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return {**sizes, **kwargs}
-    unknown = set(kwargs) - set(params)
+    named = [k for k in sizes if k in params]
+    if not named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {**sizes, **kwargs}  # def f(**config): every size
+    unknown = set(kwargs) - set(params) if not any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                                   for p in params.values()) else set()
     if unknown:
         raise LmsysError(f"--model-kwargs: {what} takes no {', '.join(sorted(unknown))}; it takes "
                          f"{', '.join(params)}")
@@ -131,7 +133,7 @@ def build_model(config, *, device):
     kwargs = {k: v for k, v in kwargs.items() if k not in SIZE_NAMES}  # with_model put those on config
     with torch.device(device):
         if config.model in HF_MODELS:
-            return UserLM(_hf_model(config.model, config, kwargs), hf=True)
+            return _user_lm()(_hf_model(config.model, config, kwargs), hf=True)
         factory = load_object(config.model, what="--model")
         kw = _constructor_kwargs(factory, config, kwargs, what=config.model)
         try:
@@ -141,7 +143,7 @@ def build_model(config, *, device):
                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
     if not isinstance(model, torch.nn.Module):
         raise LmsysError(f"--model {config.model} returned a {type(model).__name__}, not a torch.nn.Module")
-    return UserLM(model)
+    return _user_lm()(model)
 
 
 def find_blocks(model):
@@ -160,6 +162,7 @@ def find_blocks(model):
     return best
 
 
+@lru_cache(maxsize=None)
 def _user_lm():
     import torch
 
@@ -187,14 +190,6 @@ def _user_lm():
             return logits
 
     return UserLM
-
-
-def __getattr__(name):  # UserLM is defined on first use: this module stays torch-free at import
-    if name == "UserLM":
-        cls = _user_lm()
-        globals()["UserLM"] = cls
-        return cls
-    raise AttributeError(name)
 
 
 @lru_cache(maxsize=None)

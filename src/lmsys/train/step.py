@@ -243,8 +243,10 @@ def random_batch(workload: Workload, device, *, seed: int = 0) -> tuple[torch.Te
 def build_train_step(workload: Workload, device, *, seed: int = 0) -> TrainStep:
     """Random-weight model on `device` (seeded: every workload of a comparison starts from the same
     weights), the optimizer, and the fast-path wrappers the workload asks for."""
+    from lmsys.model.user import build_model  # hook: lmsys's TransformerLM, or the --model a config names
+
     torch.manual_seed(seed)
-    model = TransformerLM(workload.config, device=device)
+    model = build_model(workload.config, device=device)
     if workload.master_weights:
         model = model.to(torch_dtype(workload.dtype))
     groups = update_groups(model)  # before checkpointing regroups the blocks
