@@ -84,7 +84,7 @@ def train(
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)
-    failed = [row["strategy"] for report in reports for row in report.rows if str(row["status"]).startswith("FAIL")]
+    failed = [row["strategy"] for report in reports for row in report.rows if str(row.get("status", "")).startswith("FAIL")]
     if failed:
         typer.echo(f"parity FAIL: {', '.join(failed)}", err=True)
         raise typer.Exit(1)
