@@ -8,9 +8,9 @@ triton the GPU machines have (3.6: ../shared/DEVICE.md), e.g. in a venv with tha
 
     PYTHONPATH=src python scripts/compile_sm90.py --kernels fwd --d 64,128 --warp-specialize
 
-Its compile_gluon, ptxas_notes and report do the same for Gluon kernels (scripts/gpu/gluon_*.py
---compile-only). With --dump DIR it writes each kernel's PTX, source lines stripped, to DIR: two dumps
-diffed show whether a refactor of the kernels changed what the GPU runs.
+Its compile_gluon, ptxas_notes and report do the same for Gluon kernels, imported from Python. With
+--dump DIR it writes each kernel's PTX, source lines stripped, to DIR: two dumps diffed show whether a
+refactor of the kernels changed what the GPU runs.
 
 Not checked here: that a config fits at launch (shared memory is printed, the limit is 227 KiB) and that
 it computes the right thing (the tests do that, under the interpreter and on a GPU).
@@ -130,7 +130,7 @@ def constants(kernel: str, d: int, dtype: str, causal: bool, args) -> dict:
         return {**common, "USE_TMA": args.tma, "WARP_SPEC": args.warp_specialize, "PERSISTENT": args.persistent}
     if kernel == "dkdv":
         return {**common, "ATOMIC_DQ": args.atomic, "USE_TMA": args.tma,
-                "TMA_DQ": args.atomic and args.tma and ft.TMA_REDUCE_DQ}
+                "TMA_DQ": args.atomic and args.tma and not args.element_atomics}
     return {**common, "USE_TMA": args.tma}
 
 
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--causal", default="1", help="1, 0 or 1,0")
     p.add_argument("--wide", action="store_true", help="also WIDE_CONFIGS")
     p.add_argument("--tma", action="store_true")
+    p.add_argument("--element-atomics", action="store_true",
+                   help="with --atomic --tma: dQ by element-wise atomics instead of TMA reduce-adds (the default)")
     p.add_argument("--warp-specialize", action="store_true")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--atomic", action="store_true", help="the one-launch backward (deterministic=False)")

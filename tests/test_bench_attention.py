@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from lmsys.bench import attention as bench_attention
+from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops
 
 
@@ -38,7 +40,7 @@ def test_bench_attention_rows_and_flops(lmsys):
 def test_bench_attention_cpu_defaults_are_small(lmsys, monkeypatch):
     seen = []
 
-    def fake_measure(impl, batch, heads, d, seq, sweep, device):
+    def fake_measure(impl, batch, heads, d, seq, sweep, device, policy=None):
         seen.append((impl, batch, heads, d, seq, sweep.steps))
         return {"status": "ok"}
 
@@ -76,7 +78,7 @@ def test_bench_attention_preset_with_overrides_on_cpu(lmsys):
 def test_bench_attention_oom_rows_continue(monkeypatch):
     calls = []
 
-    def fake_measure(impl, batch, heads, d, seq, sweep, device):
+    def fake_measure(impl, batch, heads, d, seq, sweep, device, policy=None):
         calls.append(seq)
         if seq == 64:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -139,3 +141,98 @@ def test_bench_attention_head_errors(lmsys, args, needle):
     r = lmsys("bench", "attention", "--device", "cpu", "--seq-len", "16", *args)
     assert r.code == 2 and needle in r.err, r.err
     assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2
+
+
+def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
+    """--policy: one flash-triton row per variant after the default one, each forward and backward
+    launched under default_policy() with exactly those fields changed; other impls run once."""
+    from lmsys.kernels import flash_triton as ft
+
+    seen = []
+    forward, backward = ft.launch_forward, ft.launch_backward
+
+    def spy_forward(*args, policy=None, **kwargs):
+        seen.append(("fwd", policy))
+        return forward(*args, policy=policy, **kwargs)
+
+    def spy_backward(*args, policy=None, **kwargs):
+        seen.append(("bwd", policy))
+        return backward(*args, policy=policy, **kwargs)
+
+    monkeypatch.setattr(ft, "launch_forward", spy_forward)
+    monkeypatch.setattr(ft, "launch_backward", spy_backward)
+    cpu = torch.device("cpu")
+    sweep, _ = bench_attention.resolve_sweep(
+        device=cpu, impls=["naive", "flash-triton"], batch=[1], heads=[2], d_head=[16], seq_len=[24], causal=True,
+        warmup=0, steps=1, policies=["persistent=true", "deterministic=false,tma=yes"])
+    assert sweep.size == 4
+    rows = list(bench_attention.run_attention(sweep, device=cpu))
+    assert [(r["impl"], r["policy"]) for r in rows] == [
+        ("naive", None), ("flash-triton", "default"), ("flash-triton", "persistent=True"),
+        ("flash-triton", "deterministic=False,tma=True")]
+    assert list(rows[0])[:3] == ["impl", "policy", "batch"] and all(r["status"] == "ok" for r in rows)
+    default = ft.default_policy()
+    fields = ("persistent", "deterministic", "tma", "tma_backward", "gluon")
+    expected = [{f: getattr(default, f) for f in fields} for _ in range(3)]
+    expected[1]["persistent"] = True
+    expected[2].update(deterministic=False, tma=True)
+    # per variant: the memory step and one timed step, each a forward and a backward
+    per_variant = [seen[i:i + 4] for i in range(0, len(seen), 4)]
+    assert len(seen) == 12
+    for calls, want in zip(per_variant, expected):
+        assert [kind for kind, _ in calls] == ["fwd", "bwd", "fwd", "bwd"]
+        assert all({f: getattr(p, f) for f in fields} == want for _, p in calls)
+    for r in rows:
+        flops = attention_flops(batch=1, heads=2, n_queries=24, n_keys=24, d_head=16, causal=True,
+                                direction="fwd+bwd")
+        assert r["fwd+bwd TFLOP/s"] == pytest.approx(flops / (r["fwd+bwd ms"].mean * 1e-3) / 1e12)
+
+
+def test_policy_values_are_typed_from_the_dataclass_fields(monkeypatch):
+    from dataclasses import dataclass
+
+    from lmsys.kernels import flash_triton as ft
+
+    variants = bench_attention.policy_variants(["pick=3,deterministic=none", "tma=off", "gluon=no,tma=1,gluon=on"])
+    assert variants == (("pick=3,deterministic=None", (("pick", 3), ("deterministic", None))),
+                        ("tma=False", (("tma", False),)), ("gluon=True,tma=True", (("gluon", True), ("tma", True))))
+
+    @dataclass(frozen=True)
+    class Policy:  # fields a later Policy may have: whatever they are, the option takes them
+        tma: bool = False
+        gluon_bwd_min_keys: int = 4096
+        gluon_copy_min_keys: dict | None = None
+        configs: dict | None = None
+
+    monkeypatch.setattr(ft, "Policy", Policy)
+    ((label, changes),) = bench_attention.policy_variants(["gluon_copy_min_keys={128: 8192, 64: 4096},"
+                                                          "gluon_bwd_min_keys=1024,tma=1"])
+    assert dict(changes) == {"gluon_copy_min_keys": {128: 8192, 64: 4096}, "gluon_bwd_min_keys": 1024, "tma": True}
+    for text, needle in [("gluon_bwd_min_keys=many", "not a value of gluon_bwd_min_keys (int)"),
+                         ("gluon_copy_min_keys=[1]", "not a value of gluon_copy_min_keys (dict | none)"),
+                         ("configs={}", "'configs' is not a lever"), ("persistent=true", "one of: tma, gluon_bwd")]:
+        with pytest.raises(LmsysError, match=re.escape(needle)):
+            bench_attention.policy_variants([text])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--impl", "flash-triton", "--policy", "tma"), "--policy: expected FIELD=VALUE[,FIELD=VALUE...], got 'tma'"),
+    (("--impl", "flash-triton", "--policy", "tma=true,"), "expected FIELD=VALUE"),
+    (("--impl", "flash-triton", "--policy", "bogus=1"), "'bogus' is not a lever of flash_triton.Policy"),
+    (("--impl", "flash-triton", "--policy", "tma=maybe"), "--policy tma=maybe: not a value of tma (bool)"),
+    (("--impl", "naive", "--policy", "tma=true"), "--policy changes how flash-triton runs: add --impl flash-triton"),
+])
+def test_bench_attention_policy_errors(lmsys, args, needle):
+    r = lmsys("bench", "attention", "--device", "cpu", "--seq-len", "16", *args)
+    assert r.code == 2 and needle in r.err, r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) <= 2
+
+
+def test_bench_attention_policy_end_to_end(lmsys):
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "flash-triton", "--policy", "persistent=true",
+              "--d-head", "16", "--seq-len", "20", "--heads", "2", "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    rows = _rows(r.out)
+    assert [(row["policy"], row["seq"], row["status"]) for row in rows] == [("default", 20, "ok"),
+                                                                          ("persistent=True", 20, "ok")]
+    assert all(row["fwd+bwd ms"]["mean"] > 0 for row in rows)

@@ -1,9 +1,12 @@
 import json
+import math
 
 import pytest
 import torch
 
 from lmsys.bench import e2e
+from lmsys.model import describe
+from lmsys.model.config import PRESETS, parameter_count_formula, resolve_configs
 
 FAST = ("--context-length", "32", "--steps", "2", "--warmup", "1", "--device", "cpu")
 
@@ -31,15 +34,32 @@ def test_e2e_json_rows_for_every_mode(lmsys, tmp_path):
 
 def test_e2e_default_on_cpu_is_tiny_with_warmup_zero_and_overrides(lmsys):
     r = lmsys("bench", "e2e", "--context-length", "16", "--steps", "1", "--warmup", "0", "--layers", "1",
-              "--d-model", "64", "--heads", "2", "--device", "cpu", "-f", "md")
+              "--d-model", "64", "--heads", "2", "--device", "cpu", "-f", "json")
     assert r.code == 0, r.err
-    assert "| tiny | train |" in r.out and "d_model 64, d_ff 512, 1 layers, 2 heads" in r.out
+    doc = json.loads(r.out)
+    cfg = PRESETS["tiny"].with_overrides(d_model=64, num_layers=1, num_heads=2, context_length=16)
+    assert doc["meta"]["tiny"] == describe(cfg)
+    [row] = doc["rows"]
+    assert (row["size"], row["mode"], row["status"]) == ("tiny", "train", "ok")
+    assert row["params"] == parameter_count_formula(cfg)
+    # random weights and targets: the loss starts near ln(vocab)
+    assert row["loss"] == pytest.approx(math.log(cfg.vocab_size), rel=0.1)
+    assert row["tokens/s"] == pytest.approx(4 * 16 / (row["ms/step"]["mean"] / 1e3))
 
 
-def test_e2e_bf16_and_sweep_of_sizes(lmsys):
-    r = lmsys("bench", "e2e", "--size", "tiny,tiny", "--dtype", "bf16", "--layers", "1", *FAST, "-f", "csv")
+def test_e2e_bf16_and_sweep_of_sizes(lmsys, tmp_path):
+    yaml = tmp_path / "t.yaml"
+    yaml.write_text("preset: tiny\n")  # a second size: a list item given twice is refused
+    r = lmsys("bench", "e2e", "--size", f"tiny,{yaml}", "--dtype", "bf16", "--layers", "1", *FAST, "-f", "json")
     assert r.code == 0, r.err
-    assert r.out.count("tiny,train,") == 2 and "bf16 autocast" in r.out
+    doc = json.loads(r.out)
+    cfg = PRESETS["tiny"].with_overrides(num_layers=1, context_length=32)
+    assert [(row["mode"], row["status"]) for row in doc["rows"]] == [("train", "ok")] * 2
+    assert all(row["params"] == parameter_count_formula(cfg) for row in doc["rows"])
+    # the same seed and data in both rows: the same loss, near ln(vocab) (bf16 autocast rounding only)
+    first, second = (row["loss"] for row in doc["rows"])
+    assert first == pytest.approx(second, rel=1e-5) and first == pytest.approx(math.log(cfg.vocab_size), rel=0.1)
+    assert doc["meta"]["run"].startswith("batch 4, bf16 autocast, fp32 weights, warmup 1, steps 2")
 
 
 def test_oom_row_and_sweep_goes_on(monkeypatch):
@@ -51,7 +71,7 @@ def test_oom_row_and_sweep_goes_on(monkeypatch):
         yield from real(workload, *a, **kw)
 
     monkeypatch.setattr(e2e, "_measure_config", flaky)
-    cfgs = e2e.resolve_configs(["tiny", "tiny"], context_length=16)
+    cfgs = resolve_configs(["tiny", "tiny"], context_length=16)
     cfgs[1] = ("tiny-1", cfgs[1][1].with_overrides(num_layers=1))
     workloads = e2e.resolve_workloads(cfgs, checkpoints=["none"], batch_size=2)
     rows = list(e2e.run_e2e(workloads, modes=["fwd", "train"], warmup=0, steps=1, device=torch.device("cpu")))
@@ -77,7 +97,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
 @pytest.mark.parametrize("args, message", [
     (("--size", "huge"), "unknown model size"),
     (("--d-model", "130"), "not divisible"),
-    (("--dtype", "fp16", "--device", "cpu"), "fp16 needs a CUDA GPU"),
+    (("--dtype", "fp16"), "fp16 needs a CUDA GPU"),
     (("--dtype", "fp8"), "--dtype must be one of"),
     (("--mode", "sideways"), "--mode must be one of"),
     (("--attn", "magic"), "attention implementation must be one of"),
@@ -101,8 +121,6 @@ def test_bad_input_exits_2_with_one_line(lmsys, args, message):
 
 
 def test_2_7b_head_dim_80_is_accepted_by_flash_triton():
-    from lmsys.bench.e2e import resolve_configs
-
     [(name, cfg)] = resolve_configs(["2.7b"], context_length=128, attn_impl="flash-triton")
     assert cfg.d_head == 80 and cfg.attn_impl == "flash-triton"
 

@@ -223,7 +223,8 @@ def _config(model: str, preset: str = "tiny", kwargs: str = "", **overrides):
 
 
 def test_model_with_only_some_size_names():
-    from lmsys.model.user import build_model, count_parameters, find_blocks
+    from lmsys.model.user import find_blocks
+    from lmsys.train.build import build_model, count_parameters
 
     for name in ("Partial", "make_partial"):
         cfg = _config(f"{MODELS}:{name}", kwargs='{"hidden": 8}', vocab_size=50)
@@ -257,7 +258,7 @@ def test_flops_come_from_the_modules_shapes():
 @pytest.mark.parametrize("preset", ["tiny", "small", "medium", "large", "xl", "2.7b", "10b"])
 def test_cs336_signature_model_builds_with_every_preset(preset):
     from lmsys.model.config import get_config
-    from lmsys.model.user import count_parameters
+    from lmsys.train.build import count_parameters
 
     cfg = get_config(preset)
     L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
@@ -285,7 +286,7 @@ def test_fast_path_switches_needing_lmsys_structure_are_refused(lmsys, switch, w
 
 def test_hf_without_transformers_names_the_extra(monkeypatch):
     from lmsys.core.errors import LmsysError
-    from lmsys.model.user import build_model
+    from lmsys.train.build import build_model
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(LmsysError, match=r"needs transformers: pip install 'lmsys\[hf\]'"):
@@ -302,7 +303,7 @@ def test_hf_models_offline_at_tiny(lmsys, name):
     cfg = _config(name)
     L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
     if name == "hf:llama":  # the same shapes as lmsys's TransformerLM: untied head, no biases
-        from lmsys.model import count_parameters
+        from lmsys.train.build import count_parameters
 
         assert row["params"] == count_parameters(_config("lmsys"))
     else:  # GPT-2: tied head, learned positions (n_positions = context 16), biases, LayerNorms

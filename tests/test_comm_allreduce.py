@@ -54,7 +54,7 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
            "-m", "lmsys", "comm", "allreduce", "--sizes", "4KB", "--warmup", "0", "--iters", "2",
            "--format", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)  # exactly one document: the other rank printed nothing
     (row,) = doc["rows"]
@@ -67,7 +67,7 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
     (["--sizes", "1XB"], "cannot parse size '1XB'"),
     (["--sizes", "0MB"], "must be positive"),
     (["--world-size", "two"], "--world-size: cannot parse 'two'"),
-    (["--world-size", "0"], "--world-size: 0 is below the minimum 1"),
+    (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),
     (["--iters", "0"], "--steps must be >= 1, got 0"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),

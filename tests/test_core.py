@@ -10,11 +10,15 @@ from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops, mfu, model_flops
 from lmsys.core.parsing import format_bytes, parse_bytes, parse_int_list
 from lmsys.core.results import MeanStd, Report, render, to_csv, to_json, to_markdown
-from lmsys.core.timing import RegionTimer, Stats, time_fn
+from lmsys.core.timing import RegionTimer, Stats
 
 
 def test_timer_measures_a_known_sleep():
-    stats = time_fn(lambda: time.sleep(0.02), warmup=1, steps=5, device="cpu")
+    timer = RegionTimer("cpu")
+    for _ in range(5):
+        with timer.region("sleep"):
+            time.sleep(0.02)
+    stats = timer.stats()["sleep"]
     assert stats.n == 5
     assert 19.5 <= stats.median <= 40
     assert stats.min >= 19.5

@@ -152,7 +152,7 @@ def test_no_baseline(lmsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["build", "forward", "backward", "optimizer"])
+@pytest.mark.parametrize("phase", ["build", "forward", "backward", "comm", "optimizer"])
 def test_a_rank_oom_is_one_line_naming_rank_phase_and_size(lmsys, monkeypatch, phase):
     monkeypatch.setenv("LMSYS_INJECT_OOM", f"1:{phase}")
     r = lmsys("ddp", "train", "--strategy", "fsdp", "--no-baseline", *FAST)
@@ -181,7 +181,7 @@ def test_bad_lever_options(lmsys, args, message):
 def test_matmul_carveout_sets_and_restores_the_cublas_knobs():
     import torch
 
-    from lmsys.distributed.ddp import MatmulCarveout
+    from lmsys.core.devices import MatmulCarveout
 
     before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
     cpu = MatmulCarveout(8, "cpu")

@@ -411,7 +411,7 @@ def avg_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     except (RuntimeError, ValueError) as exc:  # gloo without AVG (older torch)
         results["unsupported"] = str(exc).splitlines()[0]
     if "unsupported" not in results:
-        ddp._averaging_op = lambda: (dist.ReduceOp.AVG, None)
+        ddp._averaging_op = lambda group=None: (dist.ReduceOp.AVG, None)
         batches = make_data(world)
         for s in AVG_SCENARIOS:
             final, info = train_distributed(s, batches, rank, world)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lmsys.train.step import Workload, build_train_step, random_batch
+from lmsys.train import Workload, build_train_step, random_batch, run_step
 from lmsys.model import ModelConfig
 
 CFG = ModelConfig(d_model=64, d_ff=128, num_layers=3, num_heads=4, vocab_size=256, context_length=32)
@@ -15,7 +15,7 @@ def losses(workload: Workload, steps: int = 20) -> list[float]:
     x, y = random_batch(workload, device, seed=1)
     out = []
     for _ in range(steps):
-        out.append(float(step.run(x, y, "train").detach()))
+        out.append(float(run_step(step, x, y, mode="train")))
     return out
 
 

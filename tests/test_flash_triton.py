@@ -34,9 +34,9 @@ def _rel(x, ref):
     return relative_error(x, ref)
 
 
-def _run_and_compare(q, k, v, causal, tol, *, deterministic=None, policy=None):
+def _run_and_compare(q, k, v, causal, tol, *, deterministic=None, policy=None) -> dict:
     """Forward + backward on DEVICE; O, the saved L and dQ, dK, dV against float64 on the CPU. k and v
-    may have fewer heads than q (dim -3): the reference repeats them."""
+    may have fewer heads than q (dim -3): the reference repeats them. Returns what ran (kernel -> tiles)."""
     q_, k_, v_ = (x.detach().to(DEVICE).requires_grad_() for x in (q, k, v))
     out = FlashAttentionTriton.apply(q_, k_, v_, causal, deterministic, policy)
     lse = out.grad_fn.saved_tensors[4]
@@ -51,6 +51,7 @@ def _run_and_compare(q, k, v, causal, tol, *, deterministic=None, policy=None):
         assert got.shape == ref.shape, name
         errors[name] = _rel(got, ref)
     assert all(e < tol for e in errors.values()), {k: f"{e:.2e}" for k, e in errors.items()}
+    return flash_triton.kernels_ran(out)
 
 
 def _inputs(lead, n_q, n_k, d, dtype, seed):
@@ -139,10 +140,9 @@ def test_grouped_query_attention_matches_float64(lead, hq, hkv, n_q, n_k, d, cau
 def test_atomic_backward_matches_float64(case):
     """deterministic=False: one backward launch, dQ accumulated in float32 with atomics."""
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
-    policy = flash_triton.Policy()
-    _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q), causal, TOL[dtype],
-                     deterministic=False, policy=policy)
-    assert set(policy.ran) == {"fwd", "dkdv"}  # no dQ kernel ran
+    ran = _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q), causal, TOL[dtype],
+                           deterministic=False, policy=flash_triton.Policy())
+    assert set(ran) == {"fwd", "dkdv"}  # no dQ kernel ran
 
 
 @pytest.mark.skipif(not flash_triton.INTERPRET, reason="interpreter configs (the GPU test tunes for real)")
@@ -453,10 +453,9 @@ def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
     """deterministic=False with the default policy: the autotuner times the dK/dV kernel several times on
     the same float32 dQ (its hook zeroes them out of the result); dQ by TMA reduce-adds and by
     element-wise atomics."""
-    monkeypatch.setattr(flash_triton, "TMA_REDUCE_DQ", tma_reduce)
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + tma_reduce), causal, TOL[dtype],
-                     deterministic=False)
+                     deterministic=False, policy=replace(flash_triton.default_policy(), tma_reduce_dq=tma_reduce))
 
 
 @pytest.mark.gpu
@@ -467,15 +466,15 @@ def test_gpu_gluon_backward_takes_the_models_strided_views():
         pytest.skip("the Gluon kernels are for Hopper")
     _gluon_module()
     torch.manual_seed(5)
-    n = flash_triton.GLUON_BWD_MIN_KEYS
+    n = flash_triton.DEFAULT_POLICY.gluon_bwd_min_keys
     heads = torch.randn(1, n, (4 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     q, k, v = heads.view(1, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)  # the model's views, GQA
     assert not any(x.is_contiguous() for x in (q, k, v))
-    policy = flash_triton.default_policy()
-    out = FlashAttentionTriton.apply(q, k, v, True, None, policy)
+    out = FlashAttentionTriton.apply(q, k, v, True, None, flash_triton.default_policy())
     g = torch.randn(1, n, 4 * 128, device="cuda", dtype=torch.bfloat16)
     (out.transpose(1, 2).reshape(1, n, -1) * g).sum().backward()  # dO arrives as a transposed view
-    assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
+    ran = flash_triton.kernels_ran(out)
+    assert ran.get("bwd", "").startswith("gluon"), ran
     h64 = heads.detach().double().requires_grad_()
     q64, k64, v64 = h64.view(1, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)
     o_ref, _ = reference_attention(q64, k64, v64, True, device="cuda")  # the CPU is slow at 4,096 keys
@@ -521,33 +520,47 @@ def test_gpu_memory_is_linear_in_sequence_length():
 
 def test_policy_pick_walks_every_fitting_config_and_leaves_the_autotuner_alone(monkeypatch):
     """A pick runs the i-th fitting config (mod their number) without touching the autotuner's cache;
-    policy.ran says which tiles each kernel ran."""
+    launch_forward returns which tiles each kernel ran."""
     two = [flash_triton._config(16, 16, 4, 1), flash_triton._config(32, 16, 4, 1)]
     tuner = flash_triton._tuners()["fwd"]
     cached = dict(tuner.cache)
-    q, k, v = (torch.randn(1, 2, 37, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 37, 16, device=DEVICE) for _ in range(3))
     configs = {**flash_triton.CONFIGS, "fwd": two}
     for i, expected in enumerate(["16×16", "32×16", "16×16"]):
         policy = flash_triton.Policy(pick=i, configs=configs)
-        out = FlashAttentionTriton.apply(q, k, v, False, None, policy)
-        assert policy.ran == {"fwd": expected}
+        out, _, ran = flash_triton.launch_forward(q, k, v, False, policy=policy)
+        assert ran == {"fwd": expected}
         assert tuner.cache == cached
         torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="needs a pick"):
         flash_forward(q, k, v, policy=flash_triton.Policy(configs=configs))
+    with pytest.raises(ValueError, match="needs a pick"):
+        flash_forward(q, k, v, policy=flash_triton.Policy(wide_configs=True))
+    wide = flash_triton.Policy(pick=0, wide_configs=True)
+    assert wide.configs_for("fwd") == flash_triton.WIDE_CONFIGS["fwd"] + flash_triton.CONFIGS["fwd"]
 
 
 def test_default_policy_reads_the_environment_once_per_call(monkeypatch):
     monkeypatch.delenv("LMSYS_FLASH_AUTOTUNE", raising=False)
-    assert flash_triton.default_policy().pick is None
+    assert flash_triton.default_policy() is flash_triton.DEFAULT_POLICY and flash_triton.DEFAULT_POLICY.pick is None
     monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
-    assert flash_triton.default_policy().pick == 0
-    assert flash_triton.default_policy() is not flash_triton.default_policy()  # a fresh `ran` per call
-    monkeypatch.delenv("LMSYS_FLASH_AUTOTUNE")
-    policy = flash_triton.default_policy()
-    assert policy == flash_triton.DEFAULT_POLICY and policy.ran == {}
-    policy.ran["fwd"] = "64×64"
-    assert flash_triton.DEFAULT_POLICY.ran == {}  # the copy's `ran` is its own
+    assert flash_triton.default_policy() == replace(flash_triton.DEFAULT_POLICY, pick=0)
+    assert flash_triton.DEFAULT_POLICY.pick is None
+
+
+def test_policy_is_frozen_and_hashable_with_the_shipped_thresholds():
+    import dataclasses
+
+    policy = flash_triton.DEFAULT_POLICY
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.pick = 0
+    assert (policy.gluon_bwd_min_keys, policy.gluon_copy_min_keys) == (4096, ((128, 16384),))
+    assert policy.tma_reduce_dq and not policy.warp_spec_with_tma and not policy.wide_configs
+    assert policy.gluon_copy_from(128) == 16384 and policy.gluon_copy_from(64) == float("inf")
+    two = [flash_triton._config(16, 16, 4, 1)]
+    picked = flash_triton.Policy(pick=0, configs={"fwd": two}, gluon_copy_min_keys={64: 8})
+    assert picked.configs == (("fwd", tuple(two)),) and picked.gluon_copy_min_keys == ((64, 8),)
+    assert picked.configs_for("fwd") == two and hash(policy) == hash(replace(policy))
 
 
 # ------------------------------------------------------------------ the Gluon forward (Policy.gluon)
@@ -619,10 +632,10 @@ def test_gluon_policy_runs_the_tl_kernels_where_gluon_cannot():
     policy = replace(flash_triton.default_policy(), gluon=True)
     assert policy.deterministic is None
     q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=3)
-    _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
+    ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
     if DEVICE == "cpu":
-        assert not policy.ran["fwd"].startswith("gluon")
-        assert "bwd" not in policy.ran and {"dq", "dkdv"} <= set(policy.ran)
+        assert not ran["fwd"].startswith("gluon")
+        assert "bwd" not in ran and {"dq", "dkdv"} <= set(ran)
 
 
 def test_gluon_backward_takes_only_what_it_computes():
@@ -675,7 +688,7 @@ class _FakeGluon:
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):
-    """deterministic=None: the one launch from GLUON_BWD_MIN_KEYS keys, with strided views copied; True:
+    """deterministic=None: the one launch from Policy.gluon_bwd_min_keys keys, with strided views copied; True:
     never; False: at any length. The results match float64 either way, and `ran` names what ran."""
     fake = _FakeGluon(_gluon_module())
     monkeypatch.setattr(flash_triton, "_gluon", lambda: fake)
@@ -684,13 +697,12 @@ def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeyp
     expected = []
     for deterministic, min_keys, gluon in [(None, 4096, False), (None, 128, True), (True, 128, False),
                                            (False, 4096, True)]:
-        monkeypatch.setattr(flash_triton, "GLUON_BWD_MIN_KEYS", min_keys)
-        policy = flash_triton.default_policy()
-        _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=min_keys)
+        ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
         expected += [(1, 4, 128, 128)] * gluon
         assert fake.calls == expected, (deterministic, min_keys)
-        ran = {kernel for kernel in ("bwd", "dq", "dkdv") if kernel in policy.ran}
-        assert ran == ({"bwd"} if gluon else {"dq", "dkdv"}), (deterministic, min_keys, policy.ran)
+        kernels = {kernel for kernel in ("bwd", "dq", "dkdv") if kernel in ran}
+        assert kernels == ({"bwd"} if gluon else {"dq", "dkdv"}), (deterministic, min_keys, ran)
 
 
 @pytest.mark.parametrize("args, message", [((128, 64, 2, 4, 168), "needs 64 or 128"),  # one warp group, m128
@@ -728,39 +740,37 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     gluon = _gluon_module()
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
-    # through flash-triton; deterministic=False: the one launch below GLUON_BWD_MIN_KEYS too
+    # through flash-triton; deterministic=False: the one launch below gluon_bwd_min_keys too
     policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
-    _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
-    assert policy.ran["fwd"].startswith("gluon")
+    ran = _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
+    assert ran["fwd"].startswith("gluon")
     if d in gluon.BWD_CONFIGS:
-        assert policy.ran.get("bwd", "").startswith("gluon"), policy.ran
-    deterministic = replace(policy, deterministic=True, ran={})  # the tl kernels from the same L
-    _run_and_compare(q, k, v, causal, TOL[dtype], policy=deterministic)
-    assert "bwd" not in deterministic.ran and "dkdv" in deterministic.ran
+        assert ran.get("bwd", "").startswith("gluon"), ran
+    ran = _run_and_compare(q, k, v, causal, TOL[dtype], policy=replace(policy, deterministic=True))
+    assert "bwd" not in ran and "dkdv" in ran  # the tl kernels from the Gluon forward's L
 
 
 @pytest.mark.gpu
 def test_gpu_gluon_forward_takes_the_models_strided_views_as_copies(monkeypatch):
-    """The model's q, k, v (strided views, GQA) at a head dim and length GLUON_COPY_MIN_KEYS lists: the Gluon
+    """The model's q, k, v (strided views, GQA) at a head dim and length Policy.gluon_copy_min_keys lists: the Gluon
     forward runs on the copies and matches float64 (the threshold lowered so that the test is short)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels are for Hopper")
     _gluon_module()
-    monkeypatch.setattr(flash_triton, "GLUON_COPY_MIN_KEYS", {128: 1024})
     torch.manual_seed(6)
     n = 1024
     heads = torch.randn(2, n, (4 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = heads.view(2, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)
-    policy = flash_triton.default_policy()
-    o, lse = flash_forward(q, k, v, True, policy=policy)
-    assert policy.ran["fwd"].startswith("gluon"), policy.ran
+    policy = replace(flash_triton.default_policy(), gluon_copy_min_keys=((128, 1024),))
+    o, lse, ran = flash_triton.launch_forward(q, k, v, True, policy=policy)
+    assert ran["fwd"].startswith("gluon"), ran
     o_ref, lse_ref = reference_attention(q, k, v, True, device="cuda")
     assert _rel(o, o_ref) < TOL[torch.bfloat16] and _rel(lse, lse_ref) < 1e-3
 
 
 @pytest.mark.parametrize("d, n, copies", [(128, 256, True), (128, 128, False), (64, 256, False)])
 def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_faster(monkeypatch, d, n, copies):
-    """GLUON_COPY_MIN_KEYS: the model's q, k, v (strided views of one projection) reach the Gluon forward
+    """Policy.gluon_copy_min_keys: the model's q, k, v (strided views of one projection) reach the Gluon forward
     as contiguous copies at the head dims and lengths listed there, and the tl forward in place elsewhere.
     The rule is under test, not the kernel: a stand-in for flash_gluon takes what the real one takes
     (contiguous inputs) and answers in float64."""
@@ -778,12 +788,73 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
             return "gluon stand-in"
 
     monkeypatch.setattr(flash_triton, "_gluon", lambda: StandIn)
-    monkeypatch.setattr(flash_triton, "GLUON_COPY_MIN_KEYS", {128: 256})
     torch.manual_seed(d + n)
     heads = torch.randn(1, n, 3 * 2 * d, dtype=torch.bfloat16, device=DEVICE)
     q, k, v = heads.view(1, n, 6, d).transpose(1, 2).split(2, dim=1)  # the model's views
-    policy = replace(flash_triton.default_policy(), gluon=True)
-    o, lse = flash_forward(q, k, v, True, policy=policy)
-    assert policy.ran["fwd"].startswith("gluon") == copies, policy.ran
+    policy = replace(flash_triton.default_policy(), gluon=True, gluon_copy_min_keys=((128, 256),))
+    o, lse, ran = flash_triton.launch_forward(q, k, v, True, policy=policy)
+    assert ran["fwd"].startswith("gluon") == copies, ran
     o_ref, lse_ref = reference_attention(q, k, v, True)
     assert _rel(o, o_ref) < TOL[torch.bfloat16] and _rel(lse, lse_ref) < 1e-3
+
+
+# ------------------------------------------------------------- torch.compile: the custom ops
+
+
+def _tiny_model(attn_impl: str, dtype=torch.float32, device="cpu"):
+    from lmsys.model.config import PRESETS
+    from lmsys.model.transformer import TransformerLM
+
+    cfg = PRESETS["tiny"].with_overrides(context_length=40, vocab_size=512, attn_impl=attn_impl)
+    torch.manual_seed(0)
+    return TransformerLM(cfg, dtype=dtype).to(device)
+
+
+def _loss_and_grads(model, x, y, forward=None):
+    model.zero_grad()
+    loss = torch.nn.functional.cross_entropy((model if forward is None else forward)(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    return loss.detach(), {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_compiled_model_keeps_one_graph_through_flash_triton_and_matches_eager_and_float64():
+    """attn_impl="flash-triton" under torch.compile: Dynamo traces through the custom ops (no graph break),
+    and the compiled loss and gradients (aot_eager: fake tensors and AOT autograd through the ops' fake
+    implementations and registered backward) match eager's and a float64 model's with naive attention."""
+    model = _tiny_model("flash-triton", device=DEVICE)
+    g = torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
+    x, y = (torch.randint(0, 512, (2, 37), generator=g) for _ in range(2))  # 37: partial tiles
+    cpu_x, cpu_y = x, y
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    eager_loss, eager_grads = _loss_and_grads(model, x, y)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss, grads = _loss_and_grads(model, x, y, forward=compiled)
+    reference = _tiny_model("naive", torch.float64)
+    reference.load_state_dict({name: p.double().cpu() for name, p in model.state_dict().items()})
+    ref_loss, ref_grads = _loss_and_grads(reference, cpu_x, cpu_y)
+    assert abs(loss.item() - eager_loss.item()) < 1e-5 and abs(loss.item() - ref_loss.item()) < 1e-4
+    for name, ref in ref_grads.items():
+        assert _rel(grads[name], eager_grads[name]) < 1e-5, name
+        assert _rel(grads[name], ref) < 1e-4, name
+
+
+def test_custom_ops_pass_opcheck():
+    """The ops' schemas, fake implementations, autograd registration and AOT dispatch (torch.library.opcheck),
+    on grouped-query inputs of awkward lengths; their results against float64."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 21, 16, generator=g).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(1, 2, 27, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    o, lse = torch.ops.lmsys.flash_fwd(q, k, v, False)
+    o_ref, lse_ref = reference_attention(q, k, v, False)
+    assert _rel(o, o_ref) < 1e-4 and _rel(lse, lse_ref) < 1e-4
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.ops.lmsys.flash_bwd(do, q, k, v, o, lse, False)
+    for got, ref in zip((dq, dk, dv), torch.autograd.grad(o_ref, (q, k, v), do.double().to(o_ref.device))):
+        assert _rel(got, ref) < 1e-4
+    torch.library.opcheck(torch.ops.lmsys.flash_fwd.default, (q, k, v, True))
+    # the backward op has no backward of its own (no double backward): checked on inputs without grad
+    torch.library.opcheck(torch.ops.lmsys.flash_bwd.default,
+                          tuple(x.detach() for x in (do, q, k, v, o, lse)) + (False,))

@@ -20,8 +20,8 @@ CONFIG = ("--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "
 # attention's QKᵀ and PV: 4·S·d_model·layers = 4·16·64·2 = 8192. Forward per token: 184832; 32 tokens.
 FWD_FLOPS = 184832 * 32  # 5_914_624
 FWD_BWD_FLOPS = 3 * FWD_FLOPS  # backward = 2× forward: 17_743_872
-GPU = "NVIDIA H100 80GB HBM3"  # stated peaks (core.devices.PEAK_TFLOPS, dense): fp32 67, TF32 494 TFLOP/s
-PEAK = {False: 67.0, True: 494.0}
+GPU = "NVIDIA H100 80GB HBM3"  # stated peaks (core.hardware.GPUS["H100 SXM"], dense): fp32 67, TF32 494.5 TFLOP/s
+PEAK = {False: 67.0, True: 494.5}
 
 
 @pytest.mark.parametrize("tf32", [False, True])
@@ -42,8 +42,8 @@ def test_bench_e2e_reports_mfu_from_the_closed_form_and_the_right_peak(lmsys, mo
 
 def test_peak_lookup_by_name_dtype_and_tf32():
     assert devices.peak_tflops_for(GPU, "fp32", tf32=False) == 67.0
-    assert devices.peak_tflops_for(GPU, "fp32", tf32=True) == 494.0
-    assert devices.peak_tflops_for(GPU, "bf16", tf32=True) == 989.0  # TF32 only changes fp32
+    assert devices.peak_tflops_for(GPU, "fp32", tf32=True) == 494.5
+    assert devices.peak_tflops_for(GPU, "bf16", tf32=True) == 989.5  # TF32 only changes fp32
     assert devices.peak_tflops_for("NVIDIA A100-SXM4-80GB", "fp32", tf32=False) == 19.5
     assert devices.peak_tflops_for("Some Future GPU", "bf16", tf32=False) is None
     assert devices.peak_tflops_for(None, "fp32", tf32=False) is None

@@ -27,6 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def torchelastic_files_in_tmp_path(tmp_path, monkeypatch):
+    """torchrun's agents make torchelastic_* folders in TMPDIR: keep them out of the system's temp directory."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 def agents(args: list[str], *, port: int) -> list[subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p), OMP_NUM_THREADS="1",

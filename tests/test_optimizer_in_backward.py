@@ -8,7 +8,8 @@ import torch
 
 from lmsys.bench import e2e
 from lmsys.core import devices
-from lmsys.train.step import OptimizerInBackward, Workload, build_train_step, random_batch, update_groups
+from lmsys.train import Workload, build_train_step, random_batch, run_step
+from lmsys.train.optim import OptimizerInBackward, update_groups
 from lmsys.model import ModelConfig
 
 CFG = ModelConfig(d_model=64, d_ff=96, num_layers=3, num_heads=4, vocab_size=131, context_length=24)
@@ -20,7 +21,7 @@ def trained(workload: Workload, steps: int = 4, device=CPU) -> list[torch.Tensor
     step = build_train_step(workload, device, seed=0)
     for i in range(steps):
         x, y = random_batch(workload, device, seed=10 + i)
-        step.run(x, y, "train")
+        run_step(step, x, y, mode="train")
     return [p.detach().float().clone() for p in step.model.parameters()]
 
 
@@ -63,7 +64,7 @@ def test_fwd_bwd_mode_keeps_gradients_and_weights():
     step = build_train_step(workload, CPU)
     x, y = random_batch(workload, CPU)
     before = [p.detach().clone() for p in step.model.parameters()]
-    step.run(x, y, "fwd-bwd")
+    run_step(step, x, y, mode="fwd-bwd")
     assert all(p.grad is not None for p in step.model.parameters())
     assert all(torch.equal(a, p) for a, p in zip(before, step.model.parameters()))
     step.zero_grad()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmsys.profiling import memory
+from lmsys.profiling import memory_analysis as analysis
+from lmsys.profiling import memory_capture as capture
+from lmsys.profiling.memory_plot import render_png
 from lmsys.profiling.phases import BWD_STEP, FWD_STEP, OPTIM_STEP
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory" / "snapshot_tiny_train.pickle"
@@ -21,8 +23,8 @@ def frames(name, filename="/src/lmsys/model/transformer.py", line=10):
 
 
 def marker(phase):
-    return [{"filename": "/src/lmsys/profiling/memory.py", "line": 40, "name": "_marker"},
-            {"filename": "/src/lmsys/profiling/memory.py", "line": 50, "name": memory.MARK_PREFIX + phase}]
+    return [{"filename": "/src/lmsys/profiling/memory_capture.py", "line": 40, "name": "_marker"},
+            {"filename": "/src/lmsys/profiling/memory_capture.py", "line": 50, "name": capture.MARK_PREFIX + phase}]
 
 
 class Trace:
@@ -69,27 +71,27 @@ def one_step_snapshot(*, completions=True, preexisting=0):
 
 
 def test_replay_is_exact_per_phase_and_leaves_markers_out():
-    tl = memory.analyze(one_step_snapshot())
+    tl = analysis.analyze(one_step_snapshot())
     assert tl.baseline == 0
     assert tl.values == [0, 1000, 1300, 1800, 2800, 2300, 2000, 4000, 4700, 4000, 3000]
     got = [(p.name, p.step, p.start_bytes, p.peak_bytes, p.end_bytes) for p in tl.phases]
     assert got == [("init", 0, 0, 1000, 1000), (FWD_STEP, 1, 1000, 1800, 1800), (BWD_STEP, 1, 1800, 2800, 2000),
                    (OPTIM_STEP, 1, 2000, 4700, 3000)]
     assert tl.peak == 4700 and tl.phase_at(tl.peak_index).name == OPTIM_STEP
-    assert memory.summary_row(tl) == {"peak forward MiB": 1800 / 2**20, "peak backward MiB": 2800 / 2**20,
+    assert analysis.summary_row(tl) == {"peak forward MiB": 1800 / 2**20, "peak backward MiB": 2800 / 2**20,
                                       "peak optimizer MiB": 4700 / 2**20, "peak MiB": 4700 / 2**20}
-    rows = memory.phase_rows(tl, {(1, BWD_STEP): 2900})
+    rows = analysis.phase_rows(tl, {(1, BWD_STEP): 2900})
     assert rows[2]["added MiB"] == 1000 / 2**20 and rows[2]["allocator peak MiB"] == 2900 / 2**20
     assert rows[0]["step"] is None and rows[1]["allocator peak MiB"] is None
 
 
 def test_replay_without_free_completions_and_with_memory_from_before_the_recording():
-    tl = memory.analyze(one_step_snapshot(completions=False, preexisting=4096))
+    tl = analysis.analyze(one_step_snapshot(completions=False, preexisting=4096))
     assert tl.baseline == 4096 and tl.peak == 4700 + 4096
 
 
 def test_largest_allocations_name_the_model_code_not_torch():
-    rows = memory.largest_rows(memory.analyze(one_step_snapshot()), top=3)
+    rows = analysis.largest_rows(analysis.analyze(one_step_snapshot()), top=3)
     assert [r["size MiB"] * 2**20 for r in rows] == [2000, 1000, 1000]
     assert rows[0]["phase"] == "optimizer" and "adamw.py" in rows[0]["allocated at"]  # only torch frames: innermost
     by_phase = {r["phase"]: r["allocated at"] for r in rows[1:]}
@@ -102,14 +104,14 @@ def test_a_loop_of_equal_allocations_is_one_row_with_a_count():
     for _ in range(3):
         t.alloc(256, frames("forward", line=5))
     snap = {"segments": [], "device_traces": [t.entries]}
-    rows = memory.largest_rows(memory.analyze(snap))
+    rows = analysis.largest_rows(analysis.analyze(snap))
     assert len(rows) == 1 and rows[0]["count"] == 3
 
 
 def test_fixture_snapshot_phases_peaks_and_png(tmp_path):
     if not FIXTURE.is_file():
         pytest.skip("snapshot fixture not captured")
-    tl = memory.analyze(memory.load_snapshot(FIXTURE))
+    tl = analysis.analyze(analysis.load_snapshot(FIXTURE))
     names = [p.name for p in tl.phases]
     assert names[0] == "init" and names[1:4] == [FWD_STEP, BWD_STEP, OPTIM_STEP]
     assert names.count(FWD_STEP) >= 2  # --steps 2
@@ -120,9 +122,9 @@ def test_fixture_snapshot_phases_peaks_and_png(tmp_path):
     second_fwd = [p for p in tl.phases if p.name == FWD_STEP][1]
     first_fwd = [p for p in tl.phases if p.name == FWD_STEP][0]
     assert second_fwd.start_bytes > first_fwd.start_bytes  # AdamW's state lives on after step 1
-    rows = memory.largest_rows(tl, top=5)
+    rows = analysis.largest_rows(tl, top=5)
     assert rows[0]["size MiB"] >= rows[-1]["size MiB"] and any("transformer.py" in r["allocated at"] for r in rows)
-    png = memory.render_png(tl, tmp_path / "t.png", title="fixture")
+    png = render_png(tl, tmp_path / "t.png", title="fixture")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
 
 
@@ -161,14 +163,14 @@ def test_live_run_without_cuda_is_one_line_exit_2(lmsys):
 
 @pytest.mark.gpu
 def test_live_capture_on_cuda_matches_the_allocator(tmp_path):
-    from lmsys.train.step import Workload
+    from lmsys.train import Workload
     from lmsys.model.config import PRESETS
 
     dev = torch.device("cuda")
     workload = Workload(PRESETS["tiny"].with_overrides(context_length=128), batch_size=4)
     before = torch.cuda.memory_allocated(dev)  # what earlier tests in this process still hold
-    cap = memory.capture(workload, dev, mode="train", steps=2)
-    tl = memory.analyze(cap.snapshot, cap.device_index)
+    cap = capture.capture(workload, dev, mode="train", steps=2)
+    tl = analysis.analyze(cap.snapshot, cap.device_index)
     assert [p.name for p in tl.phases][:4] == ["init", FWD_STEP, BWD_STEP, OPTIM_STEP]
     assert tl.baseline <= before + 2**20
     # the allocator counts block sizes (rounded up to 512 B; a reused large block may exceed the request
@@ -179,5 +181,5 @@ def test_live_capture_on_cuda_matches_the_allocator(tmp_path):
             assert alloc_peak >= p.peak_bytes, p
             assert alloc_peak == pytest.approx(p.peak_bytes, rel=0.15, abs=16 * 2**20), p
     assert cap.allocator_peak == pytest.approx(tl.peak, rel=0.15, abs=16 * 2**20)
-    path = memory.write_snapshot(cap.snapshot, tmp_path / "s.pickle")
-    assert memory.load_snapshot(path)["device_traces"]
+    path = capture.write_snapshot(cap.snapshot, tmp_path / "s.pickle")
+    assert analysis.load_snapshot(path)["device_traces"]

@@ -26,11 +26,11 @@ def test_range_is_a_no_op_without_cuda_and_works_as_decorator():
     if torch.cuda.is_available():
         pytest.skip("checks the CPU behaviour")
 
-    @nvtx.range("DECORATED")
+    @nvtx.nvtx_range("DECORATED")
     def f(x):
         return x + 1
 
-    with nvtx.range("OUTER", synchronize=True) as r:
+    with nvtx.nvtx_range("OUTER", synchronize=True) as r:
         assert f(1) == 2
     assert r.name == "OUTER" and not r._pushed
 
@@ -41,14 +41,14 @@ def test_range_pushes_and_pops_when_nvtx_is_available(monkeypatch):
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(("push", name)))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append(("pop",)))
 
-    @nvtx.range("F")
+    @nvtx.nvtx_range("F")
     def f():
-        with nvtx.range("INNER"):
+        with nvtx.nvtx_range("INNER"):
             pass
 
     f()
     with pytest.raises(ValueError):
-        with nvtx.range("RAISES"):
+        with nvtx.nvtx_range("RAISES"):
             raise ValueError
     assert calls == [("push", "F"), ("push", "INNER"), ("pop",), ("pop",), ("push", "RAISES"), ("pop",)]
 
@@ -80,7 +80,7 @@ def test_annotated_is_registered_and_marks_its_three_parts_for_torch_profiler():
 
 
 def test_run_step_opens_the_phase_ranges_of_each_mode():
-    from lmsys.train.step import Workload, build_train_step, random_batch, run_step
+    from lmsys.train import Workload, build_train_step, random_batch, run_step
     from lmsys.model.config import PRESETS
 
     cfg = PRESETS["tiny"].with_overrides(context_length=16, num_layers=1)
@@ -93,7 +93,7 @@ def test_run_step_opens_the_phase_ranges_of_each_mode():
 
         def range_fn(name, opened=opened):
             opened.append(name)
-            return nvtx.range(name)
+            return nvtx.nvtx_range(name)
 
         run_step(step, x, y, mode=mode, range_fn=range_fn, names=PROFILER_NAMES)
         assert opened == expected

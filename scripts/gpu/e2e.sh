@@ -6,18 +6,19 @@
 #   ablation  2.7b bf16: the fast path one switch at a time (optimizer in backward off/on, side stream
 #             off/on, per-block against whole-model compile)
 #   others    small fp32 (TF32) and xl bf16, each --fast against plain compiled (--compare)
-#   carve     2.7b bf16: AdamW beside matmuls on one GPU (scripts/gpu/overlap_probe.py), then the
-#             in-backward updates on a side stream, without a carveout and with the matmuls leaving
-#             16/32/48/8 SMs to them (--sm-carveout), after --fast (optimizer after the backward), one
-#             process per row
+#   carve     2.7b bf16: the in-backward updates on a side stream, without a carveout and with the
+#             matmuls leaving 16/32/48/8 SMs to them (--sm-carveout), after --fast (optimizer after the
+#             backward), one process per row
 #   16k       large at context 16384: the fast path (SDPA; flash-triton) with and without checkpointing
 #   baseline  --mode all over small..2.7b, fp32 and bf16, and --warmup 0/1/2/5 on small
+#   flash     the --fast decision (issue 26 item 4): --fast with sdpa, then with flash-triton (a custom op
+#             that torch.compile traces), at xl (d 64), 2.7b with 20 heads (d 128) and large with 10 heads
+#             (d 128) at context 4096
 # 16k and baseline are the issue 2/7 tables; run them with PARTS="16k baseline" when needed.
-# Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 480 s). $OUT gets e2e.log and one
-# Markdown file per part, each table under the command that printed it.
+# Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 480 s; DRY_RUN=1 prints them). $OUT
+# gets e2e.log and one Markdown file per part, each table under the command that printed it.
 set -u
 BUDGET=${BUDGET:-480}; source scripts/gpu/lib.sh
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PARTS=${PARTS:-compare ablation others}
 run() {  # run FILE lmsys-args: the table under its command in $OUT/FILE (nothing written when skipped)
   local file=$1; shift
@@ -38,7 +39,6 @@ if part ablation; then
   done
 fi
 if part carve; then
-  if have_time; then timeout 150 python3 scripts/gpu/overlap_probe.py > "$OUT/overlap_probe.md"; fi
   IB="--compile-blocks --optimizer-in-backward --optimizer-stream"
   for flags in "" "$IB" "$IB --sm-carveout 16" "$IB --sm-carveout 32" "$IB --sm-carveout 48" "$IB --sm-carveout 8"; do
     T=80 run e2e_carve.md bench e2e --size 2.7b --dtype bf16 --fast $flags --warmup 3 --steps 10
@@ -51,6 +51,13 @@ fi
 if part 16k; then
   T=150 run e2e_16k.md bench e2e --size large --context-length 16384 --dtype bf16 --fast --checkpoint none,block --warmup 1 --steps 3
   T=100 run e2e_16k.md bench e2e --size large --context-length 16384 --dtype bf16 --fast --attn flash-triton --warmup 1 --steps 3
+fi
+if part flash; then
+  for shape in "--size xl" "--size 2.7b --heads 20" "--size large --heads 10 --context-length 4096 --batch-size 2"; do
+    for impl in sdpa flash-triton; do
+      T=100 run e2e_flash.md bench e2e $shape --dtype bf16 --fast --attn $impl --warmup 3 --steps 10
+    done
+  done
 fi
 if part baseline; then
   for dt in fp32 bf16; do

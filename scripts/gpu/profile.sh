@@ -9,21 +9,22 @@
 # $OUT gets: README.md, profile.log, profile_nsys.md, profile_memory.md, fixtures.tar, memory_png.tar,
 #            memory_large_ctx512_fp32_train.png
 # PARTS picks the steps (default "fixtures gputests memtrain nsys memfwd"); NSYS_SIZES the presets of the nsys
-# step (default "small large") and NSYS_CTX its contexts (default "128 256 512"); BUDGET the seconds in all (default 465; scripts/gpu/lib.sh).
+# step (default "small large") and NSYS_CTX its contexts (default "128 256 512"); BUDGET the seconds in all
+# (default 465; scripts/gpu/lib.sh, which also unpacks the .debs nsys's importer needs; DRY_RUN=1 prints
+# the commands instead).
 set -u
 source scripts/gpu/lib.sh
 PARTS=${PARTS:-fixtures gputests memtrain nsys memfwd}; NSYS_SIZES=${NSYS_SIZES:-small large}; NSYS_CTX=${NSYS_CTX:-128 256 512}
 W=/tmp/lmsys-profile-$$; rm -rf "$W"; mkdir -p "$W/fixtures/nsys" "$W/fixtures/memory"
-budget() { local left=$(( BUDGET - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
 {
 echo "== environment"
 date -u
-nvidia-smi -L
-python3 -c "import torch, typer, matplotlib; print('torch', torch.__version__, 'typer', typer.__version__, 'matplotlib', matplotlib.__version__, torch.cuda.get_device_name())"
-NSYS_BIN=$(python3 -c "from lmsys.profiling.nsys import find_nsys; print(find_nsys())")
-echo "nsys: $NSYS_BIN"; "$NSYS_BIN" --version
-IMPORTER=$(python3 -c "from lmsys.profiling.nsys import find_importer; print(find_importer('$NSYS_BIN') or '')")
+X nvidia-smi -L
+X python3 -c "import torch, typer, matplotlib; print('torch', torch.__version__, 'typer', typer.__version__, 'matplotlib', matplotlib.__version__, torch.cuda.get_device_name())"
+NSYS_BIN=$(X python3 -c "from lmsys.profiling.nsys import find_nsys; print(find_nsys())"); NSYS_BIN=${NSYS_BIN:-nsys}
+echo "nsys: $NSYS_BIN"; X "$NSYS_BIN" --version
+IMPORTER=$(X python3 -c "from lmsys.profiling.nsys import find_importer; print(find_importer('$NSYS_BIN') or '')")
 echo "importer: ${IMPORTER:-not found}"
 if [ -n "$IMPORTER" ]; then
   echo "ldd without the .debs:"; LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" ldd "$IMPORTER" | grep -i "not found" || echo "  (nothing missing)"
@@ -40,7 +41,7 @@ for r in nvtx_sum nvtx_kern_sum cuda_gpu_kern_sum cuda_api_sum nvtx_pushpop_trac
   f=$(ls "$W"/nsys/nsys_tiny_ctx128_*${r}*.csv 2>/dev/null | head -1)
   [ -n "$f" ] && cp "$f" "$W/fixtures/nsys/${r}.csv" || echo "!! no CSV for $r"
 done
-{
+[ -n "${DRY_RUN:-}" ] || {
   echo "# How these CSVs were made"; echo
   echo "$(date -u +%F), $(nvidia-smi -L | head -1), $("$NSYS_BIN" --version), $(python3 -c 'import torch; print("torch", torch.__version__)')"; echo
   echo '```'; echo "PYTHONPATH=src python3 -m lmsys $FIX --out-dir \$DIR"; echo '```'; echo
@@ -55,7 +56,7 @@ ls -la "$W/fixtures/memory"
 
 echo "== 1c. nsys without libdw (the importer failure, raw and as lmsys reports it)"
 mkdir -p "$W/q"
-LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout 90 "$NSYS_BIN" profile --trace=cuda --output="$W/q/noimport" \
+LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" T=90 X "$NSYS_BIN" profile --trace=cuda --output="$W/q/noimport" \
   --force-overwrite=true python3 -c "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()" \
   > "$W/q/nsys_output.txt" 2>&1
 cat "$W/q/nsys_output.txt"; ls -la "$W/q"
@@ -69,11 +70,11 @@ LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" T=90 L profile nsys --out-dir "$W/q2" --
 tar -C "$W" -cf "$OUT/fixtures.tar" fixtures
 tar -tvf "$OUT/fixtures.tar"
 
-cp -r "$W"/fixtures/* tests/fixtures/
+X cp -r "$W"/fixtures/. tests/fixtures/
 fi
 if part gputests; then
 echo "== 1d. the profile tests (against the fixtures just captured, when part fixtures ran), on the GPU"
-have_time && timeout "$(budget 150)" python3 -m pytest -q -rfs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
+T=150 X python3 -m pytest -q -rfs tests/test_profile_nvtx.py tests/test_profile_nsys.py tests/test_profile_torch.py \
   tests/test_profile_memory.py 2>&1 | tail -40
 fi
 

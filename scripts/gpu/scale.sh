@@ -13,30 +13,23 @@
 #          without fewer NCCL CTAs (NCCL's channel count goes to carve_default.log: NCCL_DEBUG=INIT)
 #   ce    DDP's copy-engine lever: the 2-GPU tests, then bucketed (NCCL) vs +copy-engine vs torch-ddp
 #         three times (medians), and copy-engine with 100 MiB buckets
-#   ceprobe  where the copy-engine all-reduce's time goes (scripts/gpu/ce_probe.py: its pieces alone and
-#            beside matmuls, pull against push, NCCL for scale)
 #   reps  item 4's median: three rounds of {1 process, bucketed, torch-ddp}
 #   repcomm  item 7's median: three rounds of the four collectives at 1 GB with the bare loop
-# PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above.
+# PARTS picks the parts (default: a1 c comm b1 zero a2 a3), in the order above. Every command is
+# time-guarded (scripts/gpu/lib.sh, BUDGET default 575 s; DRY_RUN=1 prints them); $OUT comes back as all.tar.
 set -u
-OUT="${OUT:-lmsys-out/scale}"; mkdir -p "$OUT"
-SCALE_BUDGET=${BUDGET:-575}  # lib.sh sets its own default; this script's is 575 s
-source scripts/gpu/lib.sh  # libdw for nsys's importer (from the carried .debs), part()
+OUT="${OUT:-lmsys-out/scale}"; BUDGET=${BUDGET:-575}
+source scripts/gpu/lib.sh
 PARTS=${PARTS:-a1 c comm b1 zero a2 a3}
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
-BUDGET=$SCALE_BUDGET; START=$SECONDS
 XL="--size xl --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --warmup 3"
-run() {  # name seconds lmsys-args...
+run() {  # name seconds lmsys-args...: the table to $OUT/name.md, the log to $OUT/name.log
   local name=$1 want=$2; shift 2
-  local left=$(( BUDGET - (SECONDS - START) )); local t=$(( want < left ? want : left ))
-  if [ "$t" -lt 20 ]; then echo "skipped (time): $name" | tee -a "$OUT/failures.txt"; return; fi
-  echo "+ [$((SECONDS - START))s] $name: lmsys $*"
-  timeout "$t" python3 -m lmsys "$@" --format md -o "$OUT/$name.md" > "$OUT/$name.log" 2>&1 \
-    || echo "$name failed: $? after $((SECONDS - START))s" | tee -a "$OUT/failures.txt"
+  echo "+ [$(elapsed)s] $name: lmsys $*"
+  T=$want L "$@" --format md -o "$OUT/$name.md" > "$OUT/$name.log" 2>&1 \
+    || echo "$name failed: $? after $(elapsed)s" | tee -a "$OUT/failures.txt"
 }
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
+{ date -u; X nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  X python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
 part a1 && run a1_xl 170 ddp train $XL --strategy bucketed,torch-ddp,fsdp,torch-fsdp --bucket-mb 400 --steps 10
 part c && run c_10b 200 ddp train --size 10b --dtype bf16 --batch-size 2 --context-length 512 --world-size 2 \
@@ -51,10 +44,10 @@ part a3 && run a3_xl 45 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 
 # Where DDP's backward loses its time (issue 11 item 4; not run yet): nsys over a bucketed and a flat
 # run (flat: the all-reduce after the backward, so the backward's kernels run alone), top kernels of
 # each (GEMMs slowed by NCCL beside them, NCCL's own kernel time). Needs the .debs carried (DEVICE.md).
-if { part nsys || [ "${NSYS_DDP:-0}" = 1 ]; } && [ $(( BUDGET - (SECONDS - START) )) -ge 150 ]; then
+if { part nsys || [ "${NSYS_DDP:-0}" = 1 ]; } && have_time; then
   for s in bucketed flat; do
-    echo "+ [$((SECONDS - START))s] nsys_ddp_$s"
-    timeout 150 python3 -m lmsys profile nsys --top 15 --out-dir "$OUT/nsys_$s" --format md -o "$OUT/nsys_ddp_$s.md" \
+    echo "+ [$(elapsed)s] nsys_ddp_$s"
+    T=150 L profile nsys --top 15 --out-dir "$OUT/nsys_$s" --format md -o "$OUT/nsys_ddp_$s.md" \
       -- python3 -m lmsys ddp train $XL --strategy $s --bucket-mb 400 --steps 3 --no-baseline > "$OUT/nsys_ddp_$s.log" 2>&1 \
       || echo "nsys_ddp_$s failed: $?" | tee -a "$OUT/failures.txt"
     rm -f "$OUT/nsys_$s"/*.nsys-rep "$OUT/nsys_$s"/*.sqlite  # large; the tables and CSVs stay
@@ -68,11 +61,11 @@ if part carve; then
   run carve_ctas16 60 ddp train $XL --strategy bucketed --bucket-mb 400 --sm-carveout 16,24 --nccl-ctas 16 --steps 10 --no-baseline
 fi
 if part ce; then
-  echo "+ [$((SECONDS - START))s] copy-engine tests"
+  echo "+ [$(elapsed)s] copy-engine tests"
   ce_ok=1
   # the copy-engine tests alone first, with a barrier timeout shorter than the step's (a hang then ends
   # with the barrier's error) and the ranks' stderr in the log (LMSYS_DEBUG=1)
-  LMSYS_DIST_TIMEOUT_S=45 LMSYS_DEBUG=1 timeout 120 python3 -m pytest -q -rA tests/test_distributed_gpu.py \
+  LMSYS_DIST_TIMEOUT_S=45 LMSYS_DEBUG=1 T=120 X python3 -m pytest -q -rA tests/test_distributed_gpu.py \
     -k copy_engine > "$OUT/ce_tests.log" 2>&1 \
     || { ce_ok=0; echo "copy-engine tests failed: $? (copy-engine runs skipped)" | tee -a "$OUT/failures.txt"; }
   [ $ce_ok = 1 ] && for r in 1 2 3; do
@@ -80,12 +73,8 @@ if part ce; then
     run "ce_$r" 90 ddp train $XL --strategy bucketed,torch-ddp --bucket-mb 400 --lever copy-engine $extra --steps 10
     [ $r = 1 ] && run ce_100 60 ddp train $XL --strategy bucketed --bucket-mb 100 --lever copy-engine --steps 10 --no-baseline
   done
-  [ $ce_ok = 1 ] && have_time && timeout 90 python3 -m pytest -q -rA tests/test_distributed_gpu.py -k "not copy_engine" \
+  [ $ce_ok = 1 ] && T=90 X python3 -m pytest -q -rA tests/test_distributed_gpu.py -k "not copy_engine" \
     > "$OUT/gpu_tests.log" 2>&1  # the other 2-GPU tests, after the tables
-fi
-if part ceprobe; then
-  echo "+ [$((SECONDS - START))s] ce_probe"
-  timeout 150 python3 scripts/gpu/ce_probe.py > "$OUT/ce_probe.md" 2>&1 || echo "ce_probe failed: $?" | tee -a "$OUT/failures.txt"
 fi
 if part reps || part repcomm; then
   for r in 1 2 3; do
@@ -95,7 +84,7 @@ if part reps || part repcomm; then
     done
   done
 fi
-echo "done in $((SECONDS - START)) s"
+echo "done in $(elapsed) s"
 [ -f "$OUT/failures.txt" ] && cat "$OUT/failures.txt"
 (cd "$OUT" && tar -cf all.tar --exclude all.tar . && find . -type f ! -name all.tar -delete)  # one file back
 exit 0

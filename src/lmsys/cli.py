@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from lmsys import __version__
-from lmsys.commands import bench, comm, ddp, flash, listing, precision, profile
+from lmsys.commands import bench, comm, ddp, flash, listing, parallel, plan, precision, profile
 from lmsys.core.errors import Interrupted, LmsysError
 
 app = typer.Typer(
@@ -25,6 +25,8 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(comm.app, name="comm")
 app.add_typer(ddp.app, name="ddp")
 app.add_typer(flash.app, name="flash")
+app.add_typer(plan.app, name="plan")
+app.add_typer(parallel.app, name="parallel")
 app.command("precision")(precision.precision)
 app.command("list")(listing.list_names)
 
@@ -44,31 +46,155 @@ def root(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point. User errors (LmsysError) become one line on stderr and exit code 2; any other
-    exception one line and exit code 1 (the traceback with LMSYS_DEBUG=1); SIGINT / SIGTERM stop the
-    work (child processes included), print `interrupted` and exit 130 / 143."""
+    """Entry point; the exit code means one thing. 2: the user's input is wrong (LmsysError, a Click usage
+    error: one line plus a hint), decided before any work. 1: the run failed (a crash: one line; a failed
+    row: said under the table). 0: otherwise. LMSYS_DEBUG=1 adds the traceback and keeps the code.
+    SIGINT / SIGTERM stop the work (child processes included), print `interrupted` and exit 130 / 143;
+    a closed stdout (`lmsys ... | head -1`) ends quietly by SIGPIPE, as the shell's own tools do."""
     debug = os.environ.get("LMSYS_DEBUG") == "1"
     restore = _install_sigterm_handler()
+    stdout = sys.stdout
+    sys.stdout = _PipeGuard(stdout)
+    code: int = 0
     try:
-        app(args=argv, prog_name="lmsys")
+        args = sys.argv[1:] if argv is None else list(argv)
+        check_repeated_options(app, args)
+        rv = app(args=args, prog_name="lmsys", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
     except LmsysError as exc:
-        if debug:
-            raise
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        sys.exit(2)
+        _say_error(exc.message, exc.hint, debug=debug)
+        code = 2
+    except StdoutClosed:
+        code = -1
     except (KeyboardInterrupt, Interrupted) as exc:
+        sys.stdout = stdout
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         _quiet_exit(128 + int(signum))
     except Exception as exc:  # noqa: BLE001 - a crash is one line; LMSYS_DEBUG=1 keeps the traceback
-        if debug:
-            raise
-        print(f"error: {_describe_crash(exc)}", file=sys.stderr)
-        print("hint: LMSYS_DEBUG=1 shows the traceback", file=sys.stderr)
-        sys.exit(1)
+        if _is_click_error(exc):
+            code = _usage_error(exc, debug=debug)
+        elif type(exc).__name__ == "Abort":  # typer.Abort: Click's answer to EOF at a prompt
+            _say_error("aborted", None, debug=debug)
+            code = 1
+        else:
+            _say_error(_describe_crash(exc), "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+            code = 1
     finally:
+        sys.stdout = stdout
         restore()
+    if code == -1:
+        _end_by_sigpipe(standalone=argv is None)
+    sys.exit(code)
+
+
+class StdoutClosed(BaseException):
+    """stdout's reader went away (`| head -1`). A BaseException: Click turns an OSError(EPIPE) into exit 1."""
+
+
+class _PipeGuard:
+    """sys.stdout, with a closed pipe raised as StdoutClosed (past Click's own EPIPE handling)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _end_by_sigpipe(*, standalone: bool) -> None:
+    """No more output can reach the reader: point fd 1 at /dev/null (the interpreter's last flush must
+    not complain), then die of SIGPIPE as `yes | head -1`'s writer does (the shell shows 141). Called
+    in-process (tests), exit 141."""
+    if not standalone:
+        sys.exit(128 + 13)
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(128 + 13)
+
+
+def _say_error(message: str, hint: Optional[str], *, debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
+def _is_click_error(exc: BaseException) -> bool:
+    """A Click exception (usage errors, bad parameters), from Typer's own Click or the `click` package:
+    recognised by name, since STYLE.md keeps `click` imports out."""
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
+
+
+def _usage_error(exc, *, debug: bool) -> int:
+    """A usage error as lmsys's own: one line plus a hint naming the command's --help; exit 2. A group
+    called without a command shows its help, as before."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()
+        return exc.exit_code
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    hint = f"{ctx.command_path} --help lists the options" if ctx is not None else "lmsys --help lists the commands"
+    _say_error(message, hint, debug=debug)
+    return exc.exit_code
+
+
+def check_repeated_options(root: typer.Typer, args: list[str]) -> None:
+    """A single-value option given twice (`--size a --size b`) is a usage error, not "the last one wins".
+    Options that take a list (repeatable) are not counted; nothing after `--` is looked at."""
+    from typer.main import get_command
+
+    command = get_command(root)
+    i = 0
+    while i < len(args) and hasattr(command, "commands"):  # walk down the groups to the command
+        if args[i] in getattr(command, "commands", {}):
+            command = command.commands[args[i]]
+        elif not args[i].startswith("-"):
+            break
+        i += 1
+    by_name = {}
+    for param in getattr(command, "params", []):
+        for name in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
+            by_name[name] = param
+    seen: dict[str, str] = {}
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if token == "--":
+            break
+        name = token.split("=", 1)[0] if token.startswith("--") else token
+        param = by_name.get(name)
+        if param is None:
+            continue
+        given = token
+        if not getattr(param, "is_flag", False) and getattr(param, "count", False) is False and "=" not in token:
+            given = f"{token} {args[i]}" if i < len(args) else token
+            i += 1  # its value, which may look like an option itself
+        if getattr(param, "multiple", False):
+            continue
+        if param.name in seen:
+            raise LmsysError(f"{name} was given twice ({seen[param.name]}, then {given})",
+                             hint="give it once (options that sweep take a comma list)")
+        seen[param.name] = given
 
 
 def _describe_crash(exc: BaseException) -> str:

@@ -1,1 +1,1 @@
-"""Benchmark sweeps: `bench e2e`, `bench attention` and the precision experiments."""
+"""Benchmark sweeps: `bench e2e`, `bench attention`, the `comm` collectives and the precision experiments."""

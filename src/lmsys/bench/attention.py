@@ -8,14 +8,20 @@ the peak during a forward, what is allocated just before the backward (inputs + 
 and the peak during the backward. An out-of-memory configuration yields a row with status 'oom' and the
 sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d forward, 2.5× that backward,
 halved when causal.
+
+Levers: with `policies`, flash-triton runs once under its default policy and once per variant, each a
+lmsys.kernels.flash_triton.Policy with some fields changed (`--policy tma=true,persistent=true`); every
+row then names its policy. Fields are typed from the dataclass itself, whichever fields it has.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 from typing import Iterator
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.files import atomic_output
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
@@ -35,10 +41,19 @@ class Sweep:
     warmup: int
     steps: int
     kv_heads: int | None = None  # key/value heads (grouped-query); None: as many as query heads
+    policies: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # (label, Policy field changes)
+
+    @property
+    def flash_variants(self) -> tuple[tuple[str, dict | None], ...]:
+        """(policy label, changes) per flash-triton row: the default policy first (None: no label)."""
+        if not self.policies:
+            return ((None, None),)
+        return (("default", {}),) + tuple((label, dict(changes)) for label, changes in self.policies)
 
     @property
     def size(self) -> int:
-        return len(self.impls) * len(self.batch) * len(self.heads) * len(self.d_head) * len(self.seq_len)
+        runs = sum(len(self.flash_variants) if impl == "flash-triton" else 1 for impl in self.impls)
+        return runs * len(self.batch) * len(self.heads) * len(self.d_head) * len(self.seq_len)
 
     def describe(self) -> str:
         kv = f", kv heads {self.kv_heads}" if self.kv_heads else ""
@@ -64,11 +79,89 @@ PRESETS = {
 }
 
 
+# Policy fields that are not levers: configs holds triton.Config objects, ran is written by the launchers.
+NOT_LEVERS = ("configs", "ran")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def split_policy(text: str) -> list[tuple[str, str]]:
+    """'tma=true,gluon_copy_min_keys={128: 8192}' -> [(key, value text)], split at the commas outside
+    brackets; only the syntax is checked here (torch-free: the command calls it before importing torch)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    pairs = []
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip().isidentifier() or not value.strip():
+            raise LmsysError(f"--policy: expected FIELD=VALUE[,FIELD=VALUE...], got {part or text!r}")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _policy_value(key: str, text: str, hint) -> object:
+    """`text` as a value of the Policy field `key` annotated `hint` (bool, int, float, str, None, or a
+    Python literal for containers)."""
+    import ast
+    import types
+    import typing
+
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = [o for o in options if o is not type(None)]
+    if text.lower() == "none" and len(kinds) < len(options):
+        return None
+    for kind in kinds:
+        if kind is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        elif kind in (int, float, str):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        else:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(value, typing.get_origin(kind) or kind):
+                return value
+    names = " | ".join(getattr(o, "__name__", str(o)).replace("NoneType", "none") for o in options)
+    raise LmsysError(f"--policy {key}={text}: not a value of {key} ({names})")
+
+
+def policy_variants(texts: list[str]) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...]:
+    """Each --policy text as (label, ((field, typed value), ...)), checked against the fields of
+    lmsys.kernels.flash_triton.Policy (a field given twice in one text: the later value)."""
+    import dataclasses
+    import typing
+
+    from lmsys.kernels.flash_triton import Policy
+
+    hints = typing.get_type_hints(Policy)
+    levers = [f.name for f in dataclasses.fields(Policy) if f.init and f.name not in NOT_LEVERS]
+    variants = []
+    for text in texts:
+        changes = {}  # a field given twice takes its later value
+        for key, value in split_policy(text):
+            if key not in levers:
+                raise LmsysError(f"--policy: {key!r} is not a lever of flash_triton.Policy (one of: "
+                                 f"{', '.join(levers)})")
+            changes[key] = _policy_value(key, value, hints[key])
+        label = ",".join(f"{key}={value}" for key, value in changes.items())
+        variants.append((label, tuple(changes.items())))
+    return tuple(variants)
+
+
 def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None = None,
                   batch: list[int] | None = None, heads: list[int] | None = None, d_head: list[int] | None = None,
                   seq_len: list[int] | None = None, dtype: str | None = None, causal: bool | None = None,
                   warmup: int | None = None, steps: int | None = None,
-                  kv_heads: int | None = None, adapters: str | None = None) -> tuple[Sweep, list[str]]:
+                  kv_heads: int | None = None, policies: list[str] | None = None,
+                  adapters: str | None = None) -> tuple[Sweep, list[str]]:
     """The sweep to run: the preset (or the seed's, or a small CPU one) with every given option on top.
     Returns it with notes saying what was chosen for the user."""
     from lmsys.core.devices import check_dtype_for_device
@@ -95,8 +188,10 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         d_head=tuple(d_head or base.d_head), seq_len=tuple(seq_len or base.seq_len),
         dtype=dtype or base.dtype, causal=base.causal if causal is None else causal,
         warmup=base.warmup if warmup is None else warmup, steps=base.steps if steps is None else steps,
-        kv_heads=kv_heads,
+        kv_heads=kv_heads, policies=policy_variants(policies) if policies else (),
     )
+    if sweep.policies and "flash-triton" not in sweep.impls:
+        raise LmsysError("--policy changes how flash-triton runs: add --impl flash-triton")
     from lmsys.kernels.registry import check_name, resolve
 
     for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
@@ -123,29 +218,35 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
 
 
 def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
-    """Yield one row per (impl, batch, heads, d_head, seq_len), in that nesting order."""
+    """Yield one row per (impl, flash-triton policy, batch, heads, d_head, seq_len), in that nesting order."""
+    for impl in sweep.impls:
+        variants = sweep.flash_variants if impl == "flash-triton" else ((None, None),)
+        for (label, changes), batch, heads, d, seq in product(variants, sweep.batch, sweep.heads, sweep.d_head,
+                                                              sweep.seq_len):
+            policy = {"policy": label} if sweep.policies else {}
+            key = {"impl": impl, **policy, "batch": batch, "heads": heads, "d": d, "seq": seq}
+            yield _row(key, sweep, device, changes)
+
+
+def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
+    """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported."""
     from lmsys.core.devices import free_memory, is_oom
     from lmsys.core.imports import NotImplementedByUser
 
-    for impl in sweep.impls:
-        for batch in sweep.batch:
-            for heads in sweep.heads:
-                for d in sweep.d_head:
-                    for seq in sweep.seq_len:
-                        key = {"impl": impl, "batch": batch, "heads": heads, "d": d, "seq": seq}
-                        try:
-                            row = {**key, **_measure(impl, batch, heads, d, seq, sweep, device)}
-                        except NotImplementedByUser as exc:
-                            row = {**key, "status": exc.status}
-                        except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
-                            if is_oom(exc):
-                                row = {**key, "status": "OOM"}
-                            elif _unavailable(exc):
-                                row = {**key, "status": "unsupported"}
-                            else:
-                                raise
-                        free_memory(device)
-                        yield row
+    try:
+        row = {**key, **_measure(key["impl"], key["batch"], key["heads"], key["d"], key["seq"], sweep, device,
+                                 policy=changes)}
+    except NotImplementedByUser as exc:
+        row = {**key, "status": exc.status}
+    except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
+        if is_oom(exc):
+            row = {**key, "status": "OOM"}
+        elif _unavailable(exc):
+            row = {**key, "status": "unsupported"}
+        else:
+            raise
+    free_memory(device)
+    return row
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -155,7 +256,9 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("no available kernel" in text or "no viable backend" in text)
 
 
-def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, device) -> dict:
+def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, device, *,
+             policy: dict | None = None) -> dict:
+    """Time one configuration; `policy`: flash-triton's default Policy with these fields changed."""
     import torch
 
     from lmsys.core.devices import current_memory, peak_memory, reset_peak_memory, torch_dtype
@@ -169,8 +272,16 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
     do = torch.randn(shape, device=device, dtype=dtype)
     inputs = (q, k, v)
 
-    def forward():
-        return attention(q, k, v, sweep.causal, impl)
+    if policy is None:
+        def forward():
+            return attention(q, k, v, sweep.causal, impl)
+    else:  # the call attention()'s flash-triton makes, under the changed policy
+        from lmsys.kernels.flash_triton import FlashAttentionTriton, default_policy
+
+        changed = replace(default_policy(), **policy)
+
+        def forward():
+            return FlashAttentionTriton.apply(q, k, v, sweep.causal, None, changed)
 
     for _ in range(sweep.warmup):  # compilation and autotuning happen here
         torch.autograd.grad(forward(), inputs, do)
@@ -247,5 +358,6 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path, what="--plot") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from lmsys.train import MODES
-from lmsys.train.step import Workload
 from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu
@@ -20,40 +18,12 @@ from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.model import describe
-from lmsys.model.config import ModelConfig, get_config
+from lmsys.model.config import ModelConfig
+from lmsys.train import MODES
+from lmsys.train.workload import Workload
 
 MODE_CHOICES = (*MODES, "all")
 PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
-
-
-def default_size(device) -> str:
-    """`small` on a GPU; `tiny` on a CPU so that the quick start measures something real in seconds."""
-    return "small" if device.type == "cuda" else "tiny"
-
-
-def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | None = None,
-                    d_model: int | None = None, d_ff: int | None = None, layers: int | None = None,
-                    heads: int | None = None, attn_impl: str = "naive", model: str | None = None,
-                    model_kwargs: str = "") -> list[tuple[str, ModelConfig]]:
-    """Preset names (or YAML files) with the command-line overrides applied; all validated up front.
-    `model`: lmsys.model.user's name (lmsys, hf:NAME, pkg.module:Name), built with the preset's sizes."""
-    from lmsys.kernels.attention import check_impl
-    from lmsys.model.user import count_parameters, is_user_model, with_model
-
-    check_impl(attn_impl)
-    if context_length < 1:
-        raise LmsysError(f"--context-length must be positive, got {context_length}")
-    out = []
-    for name in sizes:
-        cfg = get_config(name).with_overrides(
-            d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab_size,
-            context_length=context_length,
-        )
-        cfg = with_model(cfg.with_overrides(attn_impl=check_impl(attn_impl, d_head=cfg.d_head)), model, model_kwargs)
-        if is_user_model(cfg):
-            count_parameters(cfg)  # built on the meta device now: a constructor that fails is one line here
-        out.append((name, cfg))
-    return out
 
 
 def check_user_fast_path(config: ModelConfig, options: dict, checkpoints: list[str]) -> dict:
@@ -71,12 +41,9 @@ def check_user_fast_path(config: ModelConfig, options: dict, checkpoints: list[s
         raise LmsysError(f"--checkpoint calls lmsys's blocks as block(x, cos, sin); --model {config.model}'s "
                          "blocks take their own arguments (use --checkpoint none)")
     if options.get("compile") == "blocks" or options.get("optimizer_in_backward"):
-        import torch
+        from lmsys.train.build import build_model
 
-        from lmsys.model.user import build_model
-
-        with torch.device("meta"):
-            blocks = find_blocks(build_model(config, device="meta"))
+        blocks = find_blocks(build_model(config, device="meta"))
         if blocks is None:
             what = "--compile-blocks" if options.get("compile") == "blocks" else "--optimizer-in-backward"
             raise LmsysError(f"{what} needs a list of blocks; --model {config.model} has no ModuleList of "
@@ -95,19 +62,13 @@ def check_memory(configs: list[tuple[str, ModelConfig]], device, *, batch_size: 
         check_fits_in_ram(cfg, batch_size=batch_size, dtype=dtype, what=f"--size {name}")
 
 
-# What `--fast` adds on CUDA with bf16 master weights for the optimizer in backward: nothing. The H200
-# ablation (docs/benchmarks/e2e.md, "Issue 15"; 2.7b bf16, one process, 2026-12-01) measured the fast
-# path at 96.31 ms with whole-model compile and the optimizer after the backward, 96.86 with per-block
-# compile, 97.54 with the updates inside the backward and 96.46 with them on a side stream: the AdamW
-# kernels do not run under the backward's matrix products, they queue behind them (backward 49.5 ->
-# 71.8 ms). Kept as switches (--optimizer-in-backward, --optimizer-stream) for the memory they save.
-FAST_OPTIMIZER_IN_BACKWARD: dict = {}
-
-
 def fast_path(device, dtype: str) -> dict:
     """What `--fast` switches on. Measured on an H200 (docs/benchmarks/e2e.md): whole-model compile
     with SDPA inside the graph (small fp32 with TF32: 20.85 ms against plain compiled's 43.23 ms), and
-    bf16 master weights (2.7b bf16 ablation: 173.0 -> 140.4 ms on top of fused AdamW)."""
+    bf16 master weights (2.7b bf16 ablation: 173.0 -> 140.4 ms on top of fused AdamW). Not the optimizer
+    in backward: the same ablation ("Issue 15") measured 96.31 ms without it, 97.54 with it and 96.46 on
+    a side stream (the AdamW kernels queue behind the backward's matmuls), so it stays a switch for the
+    memory it saves."""
     cuda = device.type == "cuda"
     options = {
         "attn_impl": "sdpa",
@@ -117,8 +78,6 @@ def fast_path(device, dtype: str) -> dict:
         "fused_ce": "auto",
         "tf32": cuda and dtype == "fp32",
     }
-    if cuda and dtype == "bf16":
-        options.update(FAST_OPTIMIZER_IN_BACKWARD)
     return options
 
 
@@ -207,7 +166,7 @@ def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: 
             compare: bool = False) -> Iterator[dict]:
     """Yield rows per (workload, path, mode). With `compare`, the plain references run first, once per
     model configuration (checkpoint policies share them), and lmsys rows carry the speed-ups."""
-    from lmsys.model import count_parameters
+    from lmsys.train.build import count_parameters
 
     show_checkpoint = any(w.checkpoint != "none" for _, w in workloads)
     references: dict = {}  # (name, config, batch, dtype) -> reference rows
@@ -240,7 +199,7 @@ def _ident(name: str, path: str | None, workload: Workload | None) -> dict:
 
 
 def _measure_or_oom(workload, params, **kw) -> list[dict]:
-    from lmsys.core.devices import free_memory, is_oom
+    from lmsys.core.devices import free_memory, is_oom, oom_row
 
     rows: list[dict] = []
     try:
@@ -254,14 +213,15 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
         else:
             raise
         done = {r["mode"] for r in rows}
-        rows += [{"mode": m, "params": params, "status": status} for m in kw["modes"] if m not in done]
+        rows += [oom_row(status, mode=m, params=params) for m in kw["modes"] if m not in done]
     free_memory(kw["device"])
     return rows
 
 
 def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
-    from lmsys.train.step import build_train_step, random_batch, run_step, tf32_matmuls
     from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
+    from lmsys.train.build import build_train_step, tf32_matmuls
+    from lmsys.train.step import random_batch, run_step
 
     cfg = workload.config
     with tf32_matmuls(workload.tf32):

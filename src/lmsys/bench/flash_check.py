@@ -3,7 +3,7 @@
 Each case draws leading dims, n_queries, n_keys (mostly odd, often n_q != n_k), a head dim (multiples of 8:
 powers of two and the padded ones between), a dtype, causality and, about one case in three, fewer key/value
 heads than query heads (grouped-query or multi-query attention), runs the implementation forward and backward, and compares O, the saved logsumexp L and the
-three gradients with `reference_attention` computed in float64 on the CPU from the same (rounded) inputs.
+three gradients with `lmsys.kernels.attention.reference_attention` computed in float64 on the CPU from the same (rounded) inputs.
 Error = max |x - ref| / max(max |ref|, 1) per tensor (NaN counts as infinite).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -20,14 +20,18 @@ from lmsys.core.devices import DTYPE_CHOICES, torch_dtype
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
 from lmsys.kernels import triton_interpreted
-from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
+from lmsys.kernels.attention import reference_attention
+try:
+    from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
+except ImportError:  # no Triton (the [triton] extra): flash-torch only, and it takes every head dim
+    FP32_MAX_HEAD_DIM, KERNEL_HEAD_DIMS = None, None
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
 # The kernels take every multiple of 8 from 16 to 256 (flash_triton.HEAD_DIMS); the check cycles through the
 # powers of two and the padded dims models use, in an order that mixes both from the first cases on.
 HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
-assert set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
+assert KERNEL_HEAD_DIMS is None or set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
 GQA_HEADS = ((4, 1), (4, 2), (6, 3), (8, 2))  # (query heads, key/value heads)
 
@@ -54,21 +58,6 @@ class Case:
         return f"{self.lead[-1]}/{self.kv_heads or self.lead[-1]}"
 
 
-def reference_attention(q, k, v, is_causal: bool, device="cpu"):
-    """(o, L) in float64 on `device` (the CPU unless asked: a GPU for long sequences) with the whole score
-    matrix: softmax(q kᵀ/√d) v, top-left causal. k and v with fewer heads than q (dim -3, grouped-query)
-    are repeated to q's heads. Differentiable: autograd reaches the inputs through the copies."""
-    q, k, v = (x.to(device, torch.float64) for x in (q, k, v))
-    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
-        k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if is_causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.exp(s - lse[..., None]) @ v, lse
-
-
 def default_max_len(device) -> int:
     """Long enough for several tiles of the kernels' block sizes (16-32 in the interpreter, 64-128 on a GPU)."""
     return 300 if device.type == "cuda" else 80
@@ -77,6 +66,8 @@ def default_max_len(device) -> int:
 def default_impl(device) -> str:
     """flash-triton where it can run (a GPU, or Triton's interpreter), else flash-torch."""
     interpreted = triton_interpreted()
+    if KERNEL_HEAD_DIMS is None:
+        return "flash-torch"
     return "flash-triton" if device.type == "cuda" or interpreted else "flash-torch"
 
 
@@ -243,13 +234,13 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         q, k, v, do = draw(case.n_q), draw(case.n_k, kv=True), draw(case.n_k, kv=True), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         if tiles:
-            policy = flash_triton.default_policy()  # the levers users run (tma_backward, ...), at tile pick i
-            policy.pick = i
+            policy = replace(flash_triton.default_policy(), pick=i)  # the levers users run, at tile pick i
             out = flash_triton.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
         else:
             out = attention(q_, k_, v_, case.causal, impl)
         lse = _saved_lse(out, q_)
         dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
+        ran = flash_triton.kernels_ran(out) if tiles else {}
 
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
@@ -262,6 +253,6 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         yield {"case": i + 1, "leading dims": case.leading, "heads q/kv": case.heads, "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
                "dtype": case.dtype, "causal": case.causal, **errors,
                **({"tiles fwd/dkdv/dq": " / ".join(  # "fwd / bwd" where the Gluon one-launch backward ran
-                   policy.ran.get(kernel, "—") for kernel in (("fwd", "bwd") if "bwd" in policy.ran
-                                                              else ("fwd", "dkdv", "dq")))} if tiles else {}),
+                   ran.get(kernel, "—") for kernel in (("fwd", "bwd") if "bwd" in ran
+                                                       else ("fwd", "dkdv", "dq")))} if tiles else {}),
                "tol": tol, "result": "pass" if ok else "FAIL"}

@@ -25,7 +25,8 @@ def check_render_options(fmt: str, output: Optional[Path], *, device: Optional[s
     torch is imported: a typo answers in a fraction of a second. Call it first in a command."""
     from lmsys.core.devices import DEVICE_CHOICES, DTYPE_CHOICES
     from lmsys.core.parsing import choose
-    from lmsys.core.results import check_format, check_output_path
+    from lmsys.core.files import check_output_path
+    from lmsys.core.results import check_format
 
     check_format(fmt)
     if device is not None and not device.startswith("cuda:"):
@@ -67,12 +68,41 @@ def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str):
 
 
 def emit(reports, fmt: str, output: Optional[Path]) -> None:
-    """Render one Report or a list of them; with --output, say where the file went."""
-    from lmsys.core.results import render
+    """Render one Report or a list of them; with --output, say where the file went. A row whose status
+    is an error (not an OOM or `unsupported`: those are results) makes the run a failure: one line after
+    the table, exit 1."""
+    from lmsys.core.results import Report, render
 
     render(reports, fmt, output)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
+    rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
+    failed = [row for row in rows if str(row.get("status", "")).startswith("error")]
+    if failed:
+        typer.echo(f"error: {len(failed)} of {len(rows)} rows failed; the status column says why", err=True)
+        raise typer.Exit(1)
+
+
+def check_attention_impl(name: Optional[str], device) -> None:
+    """An attention implementation the device (or this install) cannot run is the user's input, refused
+    before any work: flash-triton needs Triton (the `[triton]` extra) and CUDA or TRITON_INTERPRET=1."""
+    if name != "flash-triton":
+        return
+    require_triton("flash-triton")
+    from lmsys.kernels.flash_triton import check_device
+
+    check_device(device)
+
+
+def require_triton(what: str) -> None:
+    """One line naming the extra when Triton is not installed (a CPU install leaves it out)."""
+    from lmsys.core.errors import LmsysError
+
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise LmsysError(f"{what} needs Triton, which is not installed",
+                         hint="pip install 'lmsys[triton]' (torch's CUDA build brings it on a GPU machine)") from None
 
 
 def track(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:

@@ -7,8 +7,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from lmsys.kernels.registry import NAMES as ATTENTION_NAMES
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options,
-                                    emit, track)
+from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
+                                    check_render_options, emit, require_triton, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
 
@@ -63,29 +63,33 @@ def e2e(
     model = check_model(model) if model else None
     kwargs_json = parse_model_kwargs(model_kwargs)
 
-    from lmsys.bench import e2e as lib
+    from lmsys.bench import e2e
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
-    modes = lib.expand_modes(mode)
+    from lmsys.model.config import default_size, resolve_configs
+    modes = e2e.expand_modes(mode)
     dev = resolve_device(device)
     check_dtype_for_device(dtype, dev)
-    options = lib.step_options(dev, dtype, fast=fast, attn=attn,
+    options = e2e.step_options(dev, dtype, fast=fast, attn=attn,
                                compile_scope="model" if compile else ("blocks" if compile_blocks else None),
                                optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
                                optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
                                sm_carveout=sm_carveout)
-    sizes = parse_list(size or lib.default_size(dev), str, what="--size")
-    configs = lib.resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                                  d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
-                                  model=model, model_kwargs=kwargs_json)
-    workloads = lib.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
+    check_attention_impl(options["attn_impl"], dev)
+    if options.get("master_weights"):
+        require_triton("--master-weights (a fused Triton AdamW)")
+    sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
+    configs = resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
+                              d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
+                              model=model, model_kwargs=kwargs_json)
+    workloads = e2e.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
-    lib.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
+    e2e.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
     per_workload = len(modes) * (3 if compare else 1)
-    rows = list(track(lib.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
+    rows = list(track(e2e.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
                       total=len(workloads) * per_workload, description="bench e2e"))
-    meta, notes = lib.describe_run(environment(dev), configs, workloads, warmup=warmup, steps=steps, compare=compare)
+    meta, notes = e2e.describe_run(environment(dev), configs, workloads, warmup=warmup, steps=steps, compare=compare)
     emit(Report("bench e2e", rows, meta, notes), format, output)
 
 @app.command("attention")
@@ -102,6 +106,7 @@ def attention(
     preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it; on a CPU the CPU implementations run instead, said on stderr).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10; CPU: 1).")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", "--iters", help="Timed forward+backward steps (seed: 100; CPU: 5).")] = None,
+    policy: Annotated[Optional[List[str]], typer.Option("--policy", metavar="FIELD=VALUE[,...]", help="Repeatable: flash-triton runs once more per option, under lmsys.kernels.flash_triton.Policy with these fields changed (e.g. tma=true, persistent=true, deterministic=false,tma_backward=false, pick=0; booleans true/false, none where the field allows it); rows then carry a policy column, the default policy first.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw fwd+bwd ms against seq into this PNG (matplotlib).")] = None,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -109,29 +114,35 @@ def attention(
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
     from lmsys.commands.listing import list_if_asked
-    from lmsys.core.results import check_output_path
+    from lmsys.core.files import check_output_path
 
     list_if_asked(impl=impl)
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")
+    from lmsys.bench import attention  # torch-free until it runs
 
-    from lmsys.bench import attention as lib
+    for text in policy or ():
+        attention.split_policy(text)  # the syntax; the fields and values once the kernels' Policy is imported
+
     from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_int_list, parse_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
-    sweep, notes = lib.resolve_sweep(
+    if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
+        require_triton("flash-triton")
+    sweep, notes = attention.resolve_sweep(
         device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
         batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
         d_head=parse_int_list(d_head, what="--d-head") or None,
         seq_len=parse_int_list(seq_len, what="--context-length") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, adapters=adapters,
+        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, policies=policy,
+        adapters=adapters,
     )
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)
-    rows = list(track(lib.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
+    rows = list(track(attention.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
     meta = environment(dev)
     meta["run"] = sweep.describe()
     notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
@@ -139,6 +150,6 @@ def attention(
                  "(inputs, saved tensors, output), peak during the backward.")
     report = Report("bench attention", rows, meta, notes)
     if plot is not None:
-        lib.plot_attention(rows, plot, title=f"attention fwd+bwd, {sweep.describe().split(', warmup')[0]}")
+        attention.plot_attention(rows, plot, title=f"attention fwd+bwd, {sweep.describe().split(', warmup')[0]}")
         notes.append(f"Plot written to {plot}.")
     emit(report, format, output)

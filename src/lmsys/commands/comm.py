@@ -8,7 +8,7 @@ import typer
 
 from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
 
-app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter and broadcast bandwidth over gloo or NCCL.",
+app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter, broadcast and send-recv bandwidth over gloo or NCCL.",
                   no_args_is_help=True)
 
 BackendOpt = Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")]
@@ -23,8 +23,9 @@ DEFAULT_SIZES = "1MB,10MB,100MB,1GB"
 
 def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, device, format,
             output) -> None:
-    """Validate the shared options (before torch is imported), run `collectives.collective_job` per world
+    """Validate the shared options (before torch is imported), run `bench.comm.collective_job` per world
     size, render (rank 0)."""
+    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
 
     check_render_options(format, output, device=device, dtype=dtype)
@@ -33,20 +34,29 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     nbytes = [parse_bytes(label) for label in labels]
     check_message_sizes(labels, nbytes, dtype)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    if collective == "send-recv" and (odd := [n for n in requested or (2,) if n % 2]):
+        raise LmsysError(f"--world-size: send-recv pairs ranks 0-1, 2-3, ..., so every world size must be even, "
+                         f"got {odd[0]}")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.collectives import collective_notes
+    from lmsys.bench.comm import collective_notes
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
+    if 1 in world_sizes:
+        raise LmsysError("--world-size 1: a collective over one rank moves no data (busbw 0), so there is no "
+                         "bandwidth to measure", hint="give 2 or more ranks")
+    biggest = max(range(len(nbytes)), key=nbytes.__getitem__)  # buffers + the result check's copy: 2x
+    launch.check_rank_memory(2 * nbytes[biggest], world_sizes, backend, what=f"--sizes {labels[biggest]}")
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
 
     rows, meta = [], {}
     for n in world_sizes:
-        result = run_on_ranks("lmsys.distributed.collectives:collective_job",
+        result = run_on_ranks("lmsys.bench.comm:collective_job",
                               dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
                                    iters=iters, baseline=baseline), world_size=n, backend=backend)
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
@@ -79,7 +89,9 @@ COMMANDS = (  # (command name, collective, help)
     ("all-gather", "all-gather", "All-gather (what FSDP and ZeRO gather parameters with): time, algbw, busbw, with a result check."),
     ("reduce-scatter", "reduce-scatter", "Reduce-scatter (FSDP's gradient reduction): time, algbw, busbw, with a sum check."),
     ("broadcast", "broadcast", "Broadcast from rank 0 (how wrappers share rank 0's weights): time, algbw, busbw, with a copy check."),
+    ("send-recv", "send-recv", "Point-to-point send/recv between rank pairs 0-1, 2-3, ... both ways (what pipeline stages exchange): time, algbw, busbw, with a copy check."),
 )
 for _name, _collective, _doc in COMMANDS:
     app.command(_name)(_command(_collective, _doc))
 app.command("all-reduce", hidden=True)(_command("all-reduce", COMMANDS[0][2]))  # the spelling of the other three
+app.command("sendrecv", hidden=True)(_command("send-recv", COMMANDS[4][2]))  # nccl-tests' spelling

@@ -40,8 +40,10 @@ def train(
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
     from dataclasses import asdict
 
+    from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
-    from lmsys.distributed import runs as plan
+    from lmsys.distributed.runs import (SHARDABLE, check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
+                                        shardable, train_notes)
 
     from lmsys.commands.listing import list_if_asked
     from lmsys.model.user import check_model, parse_model_kwargs
@@ -52,23 +54,27 @@ def train(
     model = check_model(model) if model else None
     kwargs_json = parse_model_kwargs(model_kwargs)
     check_one_size(size, command="ddp train", why="one model per run")
-    requested = parse_int_list(world_size, what="--world-size", minimum=0) if world_size is not None else None
-    runs = plan.parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
-                           sm_carveout=sm_carveout, adapters=adapters)
-    ctas = plan.set_nccl_ctas(nccl_ctas)
+    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    runs = parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
+                      sm_carveout=sm_carveout, adapters=adapters)
+    ctas = set_nccl_ctas(nccl_ctas)
+    if shard_optimizer and not any(shardable(r.strategy) for r in runs):
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}); "
+                         "the strategies asked for shard in their own way or not at all")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import check_model as check_model_size
+    from lmsys.distributed.train import resolve_model_size
 
+    chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
     world_sizes = launch.resolve_world_sizes(requested)
-    launch.check_launch(backend, world_sizes)
-    plan.check_levers_for_backend(runs, backend)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
+    check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
-    size, context_length = check_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs,
-                                            model=model, model_kwargs=kwargs_json)
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs,
+                                              model=model, model_kwargs=kwargs_json)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline,
                   model=model, model_kwargs=kwargs_json)
@@ -78,9 +84,15 @@ def train(
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         meta = result["meta"]
-        meta["run"] = plan.run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
-                                    warmup=warmup, steps=steps, extra=ctas)
-        notes = plan.train_notes(runs, baseline=baseline) + result.get("notes", [])
+        meta["run"] = run_line(backend=backend, world_size=n, batch_size=batch_size, dtype=dtype,
+                               warmup=warmup, steps=steps, extra=ctas)
+        notes = train_notes(runs, baseline=baseline) + result.get("notes", [])
+        if not launch.under_torchrun() and (why := launch.oversubscribed(n, backend)):
+            for row in result["rows"]:
+                if "scaling eff %" in row:
+                    row["scaling eff %"] = None
+            notes.append(f"scaling eff % is left empty: {why}; a weak-scaling ratio would say more than "
+                         "100 % or less for reasons that are not the strategy's.")
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)

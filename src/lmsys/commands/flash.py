@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DeviceOpt, FormatOpt, OutputOpt, check_render_options, emit, track
+from lmsys.commands._common import (DeviceOpt, FormatOpt, OutputOpt, check_attention_impl, check_render_options, emit,
+                                    track)
 
 app = typer.Typer(help="FlashAttention-2: correctness checks of the PyTorch and Triton implementations.", no_args_is_help=True)
 
@@ -35,31 +36,35 @@ def check(
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
-    from lmsys.bench import flash_check as lib
+    from lmsys.bench import flash_check
 
     dev = resolve_device(device)
-    default = "yours-torch,yours-triton" if adapters and impl is None else lib.default_impl(dev)
-    names = [lib.check_impl(n, adapters=adapters) for n in dict.fromkeys(parse_list(impl or default, str, what="--impl"))]
+    default = "yours-torch,yours-triton" if adapters and impl is None else flash_check.default_impl(dev)
+    names = [flash_check.check_impl(n, adapters=adapters)
+             for n in dict.fromkeys(parse_list(impl or default, str, what="--impl"))]
+    for one in names:
+        check_attention_impl(one, dev)
     name = ", ".join(names)
-    dtypes = parse_list(dtype, lib.check_dtype, what="--dtype") if dtype else lib.device_dtypes(dev)
-    length = lib.default_max_len(dev) if max_len is None else max_len
+    dtypes = parse_list(dtype, flash_check.check_dtype, what="--dtype") if dtype else flash_check.device_dtypes(dev)
+    length = flash_check.default_max_len(dev) if max_len is None else max_len
     rows = []
     for one in names:
-        plan = lib.random_cases(cases, seed=seed, dtypes=dtypes, max_len=length, impl=one, three_d=lib.is_user(one))
-        run = (lib.run_user_check(one, plan, device=dev, seed=seed, adapters=adapters) if lib.is_user(one)
-               else lib.run_check(one, plan, device=dev, seed=seed))
-        rows += track(run, total=len(plan), description=f"flash check {one}")
+        user = flash_check.is_user(one)
+        drawn = flash_check.random_cases(cases, seed=seed, dtypes=dtypes, max_len=length, impl=one, three_d=user)
+        run = (flash_check.run_user_check(one, drawn, device=dev, seed=seed, adapters=adapters) if user
+               else flash_check.run_check(one, drawn, device=dev, seed=seed))
+        rows += track(run, total=len(drawn), description=f"flash check {one}")
     meta = environment(dev)
     meta["run"] = f"impl {name}, {cases} cases, seed {seed}, reference float64 on the CPU"
     skipped = sum(r["result"].startswith("not implemented") for r in rows)
-    failed = sum(r["result"] not in ("pass",) and not r["result"].startswith("not implemented") for r in rows)
+    failed = sum(r["result"] != "pass" and not r["result"].startswith("not implemented") for r in rows)
     notes = [
         "err = max |x - ref| / max(max |ref|, 1) for O, the saved logsumexp L, and dQ, dK, dV (dO random); "
         "tolerance fp32 1e-4, bf16/fp16 2e-2.",
         f"{len(rows) - failed - skipped} of {len(rows) - skipped} cases pass." if not failed
         else f"{failed} of {len(rows) - skipped} cases FAIL.",
     ]
-    if any(lib.is_user(n) for n in names):
+    if any(flash_check.is_user(n) for n in names):
         notes.append("Your attention gets CS336's [batch, seq, d]. off: the tensors beyond the tolerance, their shape "
                      "and max abs / max rel error against float64. CS336 saved L: whether the saved tensors are "
                      "exactly one fp32 L of shape q.shape[:-1] beside q, k, v, o (not part of pass/FAIL).")

@@ -53,9 +53,9 @@ def _check_model(model: Optional[str], model_kwargs: Optional[str]) -> tuple[Opt
 
 def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive",
                 model: Optional[str] = None, model_kwargs: str = ""):
-    from lmsys.bench.e2e import default_size, resolve_configs
+    from lmsys.model.config import default_size, resolve_configs
 
-    name = size or default_size(dev)
+    name = size or default_size(dev.type)
     return resolve_configs([name], context_length=context_length, attn_impl=attn_impl, model=model,
                            model_kwargs=model_kwargs)[0]
 
@@ -101,8 +101,8 @@ def nsys(
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import choose
-    from lmsys.profiling import nsys as nsys_lib
-    from lmsys.profiling import report as lib
+    from lmsys.profiling import nsys
+    from lmsys.profiling import report
     from lmsys.profiling.phases import check_mode
 
     model, kwargs_json = _check_model(model, model_kwargs)
@@ -110,31 +110,34 @@ def nsys(
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
     check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
     check_mode(mode)
-    choose(engine, lib.ENGINES, what="--engine")
+    choose(engine, report.ENGINES, what="--engine")
     try:
         extra = shlex.split(nsys_args)
     except ValueError as exc:  # e.g. an unclosed quote
         raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
+    if engine == "torch" and nsys_args:
+        raise LmsysError("--nsys-args applies to --engine nsys; --engine torch runs torch.profiler")
     if command:
         return _nsys_app(list(command), engine=engine, out_dir=out_dir, trace=trace, extra=extra,
                          range_name=range_name, top=top, format=format, output=output)
 
-    nsys_path = nsys_lib.find_nsys() if engine == "nsys" else None
+    nsys_path = nsys.find_nsys() if engine == "nsys" else None
     dev = resolve_device(device)
-    lib.check_engine(engine, dev)
+    report.check_engine(engine, dev)
     check_dtype_for_device(dtype, dev)
     name, cfg = _one_config(size, dev, context_length=context_length,
                             attn_impl="annotated" if annotate_attention else "naive", model=model,
                             model_kwargs=kwargs_json)
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode)
-    base = lib.step_name(engine, name, context_length=context_length, annotated=annotate_attention, **run)
-    prof = lib.profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir, name=base,
-                            trace=trace, extra=extra, **run)
-    nsys = f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
-    meta = lib.step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=nsys, **run)
+    base = report.step_name(engine, name, context_length=context_length, annotated=annotate_attention, **run)
+    prof = report.profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir,
+                               name=base, trace=trace, extra=extra, **run)
+    version = f"{nsys.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
+    meta = report.step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=version,
+                            **run)
     shape = (batch_size, cfg.num_heads, context_length, cfg.d_head)
-    emit(lib.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), format, output)
+    emit(report.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), format, output)
     _say(f"nsys report: {prof.files['report']}" if engine == "nsys" else f"chrome trace: {prof.files['trace']}")
 
 
@@ -144,17 +147,17 @@ def _nsys_app(command: list[str], *, engine: str, out_dir: Path, trace: str, ext
     import shlex
 
     from lmsys.core.errors import LmsysError
-    from lmsys.profiling import nsys as nsys_lib
-    from lmsys.profiling import report as lib
+    from lmsys.profiling import nsys
+    from lmsys.profiling import report
 
     if engine != "nsys":
         raise LmsysError("a command after -- is profiled with --engine nsys; --engine torch runs the training step")
-    nsys_path = nsys_lib.find_nsys()
+    nsys_path = nsys.find_nsys()
     _make_out_dir(out_dir)
-    prof = nsys_lib.profile_app(nsys_path, command, out_dir=out_dir, name=lib.app_name(command), trace=trace,
-                                extra=extra)
-    meta = {"command": shlex.join(command), "nsys": f"{nsys_lib.nsys_version(nsys_path)} ({nsys_path})"}
-    emit(lib.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=None), format, output)
+    prof = nsys.profile_app(nsys_path, command, out_dir=out_dir, name=report.app_name(command), trace=trace,
+                            extra=extra)
+    meta = {"command": shlex.join(command), "nsys": f"{nsys.nsys_version(nsys_path)} ({nsys_path})"}
+    emit(report.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=None), format, output)
     _say(f"nsys report: {prof.files['report']}")
 
 
@@ -178,17 +181,19 @@ def memory(
     output: OutputOpt = None,
 ):
     """Memory timeline PNG with phases and peak, peak per phase, largest allocations, snapshot pickle (CUDA)."""
-    from lmsys.profiling import memory as lib
+    from lmsys.profiling import memory
+    from lmsys.profiling.memory_analysis import analyze_snapshot, load_snapshot
+    from lmsys.profiling.memory_capture import check_cuda
 
     model, kwargs_json = _check_model(model, model_kwargs)
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
     check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
     if snapshot is not None:
-        data = lib.load_snapshot(snapshot)
-        timeline = lib.analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
+        data = load_snapshot(snapshot)
+        timeline = analyze_snapshot(data, snapshot)  # a malformed file is one line, before --out-dir exists
         _make_out_dir(out_dir)
-        reports, png = lib.snapshot_reports(timeline, snapshot, out_dir=out_dir, top=top)
+        reports, png = memory.snapshot_reports(timeline, snapshot, out_dir=out_dir, top=top)
         emit(reports, format, output)
         _say(f"timeline: {png}")
         return
@@ -200,14 +205,14 @@ def memory(
     check_mode(mode)
     contexts = parse_int_list(context_length, what="--context-length")
     dev = resolve_device(device)
-    lib.check_cuda(dev)
+    check_cuda(dev)
     check_dtype_for_device(dtype, dev)
     configs = [_one_config(size, dev, context_length=c, model=model, model_kwargs=kwargs_json) for c in contexts]
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode, steps=steps)
-    sweep = lib.sweep_contexts(configs, dev, max_entries=max_entries, out_dir=out_dir, **run)
+    sweep = memory.sweep_contexts(configs, dev, max_entries=max_entries, out_dir=out_dir, **run)
     results = list(track(sweep, total=len(configs), description="profile memory"))
-    emit(lib.sweep_reports(results, environment(dev), name=configs[0][0], top=top, out_dir=out_dir, **run),
+    emit(memory.sweep_reports(results, environment(dev), name=configs[0][0], top=top, out_dir=out_dir, **run),
          format, output)
     for r in results:
         _say(f"snapshot: {r.pickle}  timeline: {r.png}")

@@ -14,15 +14,6 @@ DEVICE_CHOICES = ("auto", "cuda", "cpu")
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = dict(zip(DTYPE_CHOICES, (4, 2, 2)))  # element width of each, for torch-free size checks
 
-# Dense peak TFLOP/s by GPU name (vendor datasheets, SXM parts, no sparsity). 'tf32' is the rate of
-# fp32 matmuls when TF32 tensor cores are allowed. Unknown GPU -> no MFU.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-}
-
-
 def resolve_device(name: str = "auto"):
     """'auto' -> cuda if available, else cpu. Asking for cuda without one is a user error."""
     import torch
@@ -84,7 +75,20 @@ def environment(device) -> dict[str, Any]:
     info["python"] = platform.python_version()
     if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         info["tf32"] = "on (fp32 matmuls use TF32 tensor cores)"
+    if device.type == "cuda":
+        info["MFU peak"] = peak_rates(device_name(device))
     return info
+
+
+def peak_rates(name: str) -> str:
+    """The dense peaks MFU divides by on the GPU called `name` (a report header line), from core.hardware."""
+    from lmsys.core.hardware import find_gpu
+
+    gpu = find_gpu(name)
+    if gpu is None:
+        return "GPU not in lmsys.core.hardware's table: no MFU"
+    rates = ", ".join(f"{d} {gpu.peak(d):g}" for d in ("bf16", "fp16", "tf32", "fp32") if gpu.peak(d))
+    return f"{gpu.name}, dense TFLOP/s {rates} ({gpu.sources['compute']})"
 
 
 def gpu_name(device) -> str | None:
@@ -95,12 +99,29 @@ def gpu_name(device) -> str | None:
 
 
 def peak_tflops_for(name: str | None, dtype: str, *, tf32: bool) -> float | None:
-    """Peak dense TFLOP/s of the GPU called `name` for `dtype` (fp32 with TF32 on: the TF32 rate), or
-    None for an unknown GPU or no GPU."""
-    for key, rates in PEAK_TFLOPS.items():
-        if name is not None and key in name:
-            return rates["tf32"] if (dtype == "fp32" and tf32) else rates.get(dtype)
-    return None
+    """Peak dense TFLOP/s of the GPU called `name` for `dtype` (fp32 with TF32 on: the TF32 rate), from
+    lmsys.core.hardware's table; None for no GPU, a GPU the table does not know, or no rate for dtype."""
+    from lmsys.core.hardware import find_gpu
+
+    gpu = find_gpu(name)
+    if gpu is None:
+        return None
+    return gpu.peak("tf32" if (dtype == "fp32" and tf32) else dtype)
+
+
+def peak_label(device, dtype: str, *, tf32: bool | None = None) -> str | None:
+    """What peak_tflops divided by, for a report's header ('H100 SXM dense bf16 989.5 TFLOP/s'), or None."""
+    import torch
+
+    from lmsys.core.hardware import find_gpu, peak_label as label
+
+    if tf32 is None:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    gpu = find_gpu(gpu_name(device))
+    rate = "tf32" if (dtype == "fp32" and tf32) else dtype
+    if gpu is None or gpu.peak(rate) is None:
+        return None
+    return label(gpu.name, rate, gpu.peak(rate))
 
 
 def peak_tflops(device, dtype: str, *, tf32: bool | None = None) -> float | None:
@@ -146,6 +167,15 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def oom_row(status: str, columns: tuple[str, ...] = (), **ident) -> dict:
+    """The row of a run that did not finish (out of memory, or a user-level error): its identity, every
+    other column of `columns` empty, and `status` ("OOM ...", "error: ...") in its column, else last."""
+    row = dict.fromkeys(columns)
+    row.update(ident)
+    row["status"] = status
+    return row
 
 
 def free_memory(device) -> None:

@@ -28,13 +28,19 @@ def choose(value: T, choices: Iterable[T], *, what: str) -> T:
 
 
 def parse_list(text: str | list[str] | None, convert: Callable[[str], T], *, what: str) -> list[T]:
-    """'1,2, 4' or ['1,2', '4'] -> [1, 2, 4]; every item goes through `convert`."""
+    """'1,2, 4' or ['1,2', '4'] -> [1, 2, 4]; every item goes through `convert`. An empty value or item
+    (`""`, `tiny,,tiny`) and an item given twice are errors naming the option, never dropped or run twice."""
     if text is None:
         return []
     parts = [text] if isinstance(text, str) else list(text)
-    items = [p.strip() for part in parts for p in str(part).split(",") if p.strip()]
-    if not items:
-        raise LmsysError(f"{what}: expected a comma-separated list, got {text!r}")
+    items = [p.strip() for part in parts for p in str(part).split(",")]
+    if not any(items):
+        raise LmsysError(f"{what}: expected a value or a comma-separated list, got {text!r}")
+    if "" in items:
+        raise LmsysError(f"{what}: empty item in {','.join(map(str, parts))!r}")
+    twice = sorted({item for item in items if items.count(item) > 1})
+    if twice:
+        raise LmsysError(f"{what}: {', '.join(twice)} given twice; each value runs once, so give it once")
     out = []
     for item in items:
         try:
@@ -48,7 +54,7 @@ def parse_int_list(text, *, what: str, minimum: int = 1) -> list[int]:
     values = parse_list(text, int, what=what)
     for v in values:
         if v < minimum:
-            raise LmsysError(f"{what}: {v} is below the minimum {minimum}")
+            raise LmsysError(f"{what} must be >= {minimum}, got {v}")
     return values
 
 

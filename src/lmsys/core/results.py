@@ -2,7 +2,7 @@
 
 Library functions build rows (plain dicts whose keys are column headings, in order) and never print.
 Commands hand a `Report` to `render`, which writes to the terminal and, with `--output FILE`, to a file
-(written whole via a temporary file, so an interrupted run never leaves half a table behind).
+(through `lmsys.core.files`: whole or not at all, devices and pipes written directly).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmsys.core.errors import LmsysError
+from lmsys.core.files import check_output_path, write_atomic  # noqa: F401 - the names commands import from here
 from lmsys.core.parsing import choose
 
 FORMATS = ("table", "md", "csv", "json")
@@ -198,59 +198,8 @@ def format_for_path(path: str | os.PathLike) -> str:
     return {"csv": "csv", "json": "json"}.get(suffix, "md")
 
 
-def check_output_path(path: str | os.PathLike | None, *, what: str = "--output") -> None:
-    """Fail before the work starts, not after, when the output file cannot be written."""
-    if path is None:
-        return
-    target = Path(path).expanduser().resolve()
-    if target.is_dir():
-        raise LmsysError(f"{what}: {target} is a directory; give a file name")
-    parent = target.parent
-    for folder in (parent, *parent.parents):  # the nearest part of the path that exists says what is wrong
-        if folder.exists():
-            break
-    if folder != parent:
-        if not folder.is_dir():
-            raise LmsysError(f"{what}: {folder} is a file, not a directory")
-        raise LmsysError(f"{what}: directory {parent} does not exist")
-    if not parent.is_dir():
-        raise LmsysError(f"{what}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK):
-        raise LmsysError(f"{what}: directory {parent} is not writable")
-    # Permissions do not tell everything (/proc, a read-only mount, root): create the temporary file
-    # write_atomic would use, and remove it.
-    probe = parent / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        probe.open("x").close()
-    except FileExistsError:
-        return
-    except OSError as exc:
-        raise LmsysError(f"{what}: cannot write in {parent} ({exc.strerror or exc})") from None
-    try:
-        probe.unlink()
-    except OSError:
-        pass
-
-
 def check_format(fmt: str) -> str:
     return choose(fmt, FORMATS, what="--format")
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file beside it: the file appears whole or not at all.
-    Any OSError (full disk, read-only file system) is one line, and the temporary file is removed."""
-    path = Path(path).expanduser()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise LmsysError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _text(reports: list[Report], fmt: str) -> str:

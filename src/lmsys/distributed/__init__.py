@@ -1,9 +1,10 @@
-"""Multi-process work: launching under torchrun, collectives benchmarks, hand-written data parallelism.
+"""Multi-process work: launching under torchrun, hand-written data parallelism (the `comm` benchmarks
+are lmsys.bench.comm).
 
 - `launch`: run a job on every rank (re-executing through `torchrun --standalone` or joining a torchrun
   group), bring rank 0's result back to the parent process.
-- `collectives`: the collective benchmarks behind `lmsys comm` (all-reduce, all-gather, reduce-scatter,
-  broadcast) and the flat all-gather / reduce-scatter calls ZeRO and FSDP use.
+- `primitives`: the flat collectives DDP, ZeRO and FSDP are built from (all-gather, reduce-scatter,
+  all-reduce of a flattened list, broadcast of a module's state), each on an optional process group.
 - `ddp`: NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP.
 - `sharded_optimizer`: ShardedOptimizer (ZeRO stage 1).
 - `fsdp`: FSDP (parameters sharded along dim 0, gathered per layer).

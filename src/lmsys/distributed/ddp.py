@@ -47,44 +47,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.core.devices import MatmulCarveout  # re-exported: the class moved to core (train uses it too)
+from lmsys.core.devices import MatmulCarveout
 from lmsys.core.parsing import MiB
+from lmsys.distributed.primitives import all_reduce_flat, broadcast_module_state  # re-exported: DDP's names
 
 
-__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "MatmulCarveout", "all_reduce_flat",
+__all__ = ["NaiveDDP", "FlatDDP", "OverlapDDP", "BucketedDDP", "all_reduce_flat",
            "broadcast_module_state"]
 
 
-def broadcast_module_state(module: nn.Module, *, src: int = 0) -> None:
-    """Every parameter and buffer of `module` takes rank `src`'s values."""
-    with torch.no_grad():
-        tensors = list(module.parameters()) + list(module.buffers())
-        works = [dist.broadcast(t.data, src=src, async_op=True) for t in tensors]
-        for work in works:
-            work.wait()
-
-
-def all_reduce_flat(tensors: list[torch.Tensor], *, op=dist.ReduceOp.SUM,
-                    prescale: Optional[float] = None) -> list[torch.Tensor]:
-    """Flatten -> one all-reduce -> unflatten: `tensors` (one dtype and device) concatenated into one
-    buffer, scaled by `prescale` if given, reduced with `op`; returns views of the reduced buffer shaped
-    like the inputs. FlatDDP reduces its gradients with it, FSDP where reduce-scatter is missing."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    if prescale is not None:
-        flat.mul_(prescale)
-    dist.all_reduce(flat, op=op)
-    views, offset = [], 0
-    for t in tensors:
-        views.append(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return views
-
-
-def _averaging_op() -> tuple[dist.ReduceOp, Optional[float]]:
+def _averaging_op(group=None) -> tuple[dist.ReduceOp, Optional[float]]:
     """(op, prescale): AVG where the backend has it (NCCL), else SUM of gradients scaled by 1/world."""
     if dist.get_backend() == "nccl":
         return dist.ReduceOp.AVG, None
-    return dist.ReduceOp.SUM, 1.0 / dist.get_world_size()
+    return dist.ReduceOp.SUM, 1.0 / dist.get_world_size(group)
 
 
 def presence_flags(present: list[bool], *, dtype, device) -> torch.Tensor:
@@ -102,10 +78,10 @@ class GradPresence:
     takes part; the result is read on the host (a synchronisation) only when this rank lacks a gradient,
     since a gradient present here is present somewhere."""
 
-    def __init__(self, present: list[bool], device):
+    def __init__(self, present: list[bool], device, group=None):
         self.present = present
         self.flags = presence_flags(present, dtype=torch.int32, device=device)
-        self.work = dist.all_reduce(self.flags, async_op=True) if present else None
+        self.work = dist.all_reduce(self.flags, group=group, async_op=True) if present else None
 
     def anywhere(self) -> list[bool]:
         if self.work is not None:
@@ -116,18 +92,22 @@ class GradPresence:
 
 
 class _DataParallel(nn.Module):
-    """Common part: wrap, broadcast, the trainable parameters, forward delegation."""
+    """Common part: wrap, broadcast, the trainable parameters, forward delegation. `group`: the process
+    group gradients are averaged over (a mesh's dp group; default the world). `require_grad_sync = False`
+    leaves the gradients to accumulate locally (microbatches before the last, as torch DDP's no_sync)."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, *, group=None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError(f"{type(self).__name__} needs an initialised torch.distributed process group")
         self.module = module
-        self.world_size = dist.get_world_size()
-        broadcast_module_state(module)
+        self.group = group
+        self.require_grad_sync = True
+        self.world_size = dist.get_world_size(group)
+        broadcast_module_state(module, group=group)
         self._params = [p for p in module.parameters() if p.requires_grad]  # tied weights appear once
         self._device = self._params[0].device if self._params else torch.device("cpu")
-        self._op, self._prescale = _averaging_op()
+        self._op, self._prescale = _averaging_op(group)
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
 
     def forward(self, *args, **kwargs):
@@ -165,8 +145,8 @@ class NaiveDDP(_DataParallel):
                 p.grad = torch.zeros_like(p)
             if self._prescale is not None:
                 p.grad.mul_(self._prescale)
-            dist.all_reduce(p.grad, op=self._op)
-        for p, anywhere in zip(self._params, GradPresence(present, self._device).anywhere()):
+            dist.all_reduce(p.grad, op=self._op, group=self.group)
+        for p, anywhere in zip(self._params, GradPresence(present, self._device, self.group).anywhere()):
             if not anywhere:
                 p.grad = None
 
@@ -186,7 +166,7 @@ class FlatDDP(_DataParallel):
             if i == 0:  # flags: 1 per parameter present here; after the sum, >0 means some rank had one
                 parts.append(presence_flags(present, dtype=dtype, device=self._device))
             # the prescale scales the flags too: they only need to stay > 0
-            reduced.append(all_reduce_flat(parts, op=self._op, prescale=self._prescale))
+            reduced.append(all_reduce_flat(parts, op=self._op, prescale=self._prescale, group=self.group))
         if not reduced:
             return
         if all(present):  # present here, so present somewhere: no need to read the flags
@@ -202,8 +182,8 @@ class FlatDDP(_DataParallel):
 class OverlapDDP(_DataParallel):
     """An async all-reduce per parameter, launched from its post-accumulate-grad hook."""
 
-    def __init__(self, module: nn.Module):
-        super().__init__(module)
+    def __init__(self, module: nn.Module, *, group=None):
+        super().__init__(module, group=group)
         self._order = list(reversed(self._params))  # launch order: roughly backward's order
         self._index = {id(p): i for i, p in enumerate(self._order)}
         self._register_grad_ready_hooks(self._order)
@@ -238,14 +218,14 @@ class OverlapDDP(_DataParallel):
                 p.grad = torch.zeros_like(p)
             if self._prescale is not None:
                 p.grad.mul_(self._prescale)
-            self._works[self._next] = dist.all_reduce(p.grad, op=self._op, async_op=True)
+            self._works[self._next] = dist.all_reduce(p.grad, op=self._op, group=self.group, async_op=True)
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:
         present = [p.grad is not None for p in self._order]
         self._ready = [True] * len(self._order)  # whatever is left goes now, in order
         self._launch_ready()
-        anywhere = GradPresence(present, self._device).anywhere()
+        anywhere = GradPresence(present, self._device, self.group).anywhere()
         for p, work, used in zip(self._order, self._works, anywhere):
             work.wait()
             if not used:
@@ -319,8 +299,8 @@ class BucketedDDP(_DataParallel):
 
     def __init__(self, module: nn.Module, bucket_size_mb: float, *, comm_dtype: Optional[torch.dtype] = None,
                  bucket_order: str = "reverse", grad_views: bool = False, optimizer_factory=None,
-                 sm_carveout: Optional[int] = None, copy_engine: bool = False):
-        super().__init__(module)
+                 sm_carveout: Optional[int] = None, copy_engine: bool = False, group=None):
+        super().__init__(module, group=group)
         if not bucket_size_mb > 0 or math.isinf(bucket_size_mb):
             raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb}")
         if bucket_order not in BUCKET_ORDERS:
@@ -367,7 +347,7 @@ class BucketedDDP(_DataParallel):
         Optimizer state of per-bucket optimizers is carried over by parameter."""
         fired = [self._index_of[id(p)] for p in self._fired]
         orders = [fired]
-        dist.broadcast_object_list(orders, src=0)
+        dist.broadcast_object_list(orders, src=0 if self.group is None else dist.get_global_rank(self.group, 0), group=self.group)
         seen = set(orders[0])
         order = [self._params[i] for i in orders[0]]
         order += [p for p in reversed(self._params) if self._index_of[id(p)] not in seen]
@@ -436,6 +416,8 @@ class BucketedDDP(_DataParallel):
             # in bf16 mode the values arrive at finish
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self.require_grad_sync:
+            return
         if self._learning:
             self._fired.append(param)
         b, k = self._slot[id(param)]
@@ -457,7 +439,7 @@ class BucketedDDP(_DataParallel):
             if self._ce is not None:
                 bucket.work = self._ce.launch(self._next)
             else:
-                bucket.work = dist.all_reduce(bucket.buffer, op=self._op, async_op=True)
+                bucket.work = dist.all_reduce(bucket.buffer, op=self._op, group=self.group, async_op=True)
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:
@@ -471,7 +453,7 @@ class BucketedDDP(_DataParallel):
         self._launch_ready()
         if self.carveout is not None:  # the backward's matmuls are done
             self.carveout.off()
-        anywhere = iter(GradPresence(present, self._device).anywhere())
+        anywhere = iter(GradPresence(present, self._device, self.group).anywhere())
         for b, bucket in enumerate(self.buckets):
             bucket.work.wait()
             if bucket.grad_buffer is not bucket.buffer:

@@ -28,6 +28,11 @@
   never hands out memory in flight. A gradient read by the reduce-scatter stream is `record_stream`-ed.
   On the CPU (gloo) there are no streams: the same code runs synchronously.
 - `gather_full_params()` returns full fp32 copies keyed by the wrapped module's parameter names.
+- `group=`: the ranks parameters are sharded over (a mesh's dp group; default the world).
+  `reshard=False`: a unit stays gathered from its first forward of a step until
+  `finish_gradient_synchronization()`, so several forwards may run before their backwards (microbatches
+  of a pipeline schedule); each backward reduce-scatters its unit's gradient, the shards accumulate
+  them. `gather_root()` installs the root unit for a forward that does not enter through `forward`.
 
 All ranks must run the same units in the same order, forward and backward (every gather is a
 collective), each unit once per step. fp32 (`compute_dtype=None`) trains like one process on the full
@@ -43,42 +48,42 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.distributed.collectives import all_gather_flat, reduce_scatter_flat
-from lmsys.distributed.ddp import all_reduce_flat, broadcast_module_state
+from lmsys.distributed.primitives import all_gather_flat, all_reduce_flat, broadcast_module_state, reduce_scatter_flat
 
 __all__ = ["FSDP"]
 
 
-def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor) -> None:
+def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group=None) -> None:
     """Sum of `flat` over ranks, this rank's 1/world slice into `out`. gloo lacks reduce_scatter_tensor
     on some torch versions: there, one all-reduce and a slice (the same numbers, twice the bytes)."""
     if getattr(_reduce_scatter, "fallback", False):
-        summed = all_reduce_flat([flat])[0]
-        n = out.numel()
-        out.copy_(summed[dist.get_rank() * n:(dist.get_rank() + 1) * n])
+        summed = all_reduce_flat([flat], group=group)[0]
+        n, rank = out.numel(), dist.get_rank(group)
+        out.copy_(summed[rank * n:(rank + 1) * n])
         return
     try:
-        reduce_scatter_flat(out, flat)
+        reduce_scatter_flat(out, flat, group=group)
     except (RuntimeError, NotImplementedError, ValueError) as exc:
         if dist.get_backend() == "nccl":
             raise
         _reduce_scatter.fallback = True  # every rank fails the same way before communicating
         del exc
-        _reduce_scatter(out, flat)
+        _reduce_scatter(out, flat, group)
 
 
 class _FlatGroup:
     """Some parameters of one unit as one flat buffer: the fp32 shard this rank keeps, and the full
     buffer (in the compute dtype) whose storage exists only while the unit is gathered."""
 
-    def __init__(self, params: list[nn.Parameter], *, rank: int, world: int, compute_dtype, trainable: bool):
+    def __init__(self, params: list[nn.Parameter], *, rank: int, world: int, compute_dtype, trainable: bool,
+                 group=None):
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
             raise ValueError(f"FSDP: one unit's parameters must share a dtype, got {sorted(map(str, dtypes))}")
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         total = sum(self.numels)
-        self.world = world
+        self.world, self.group = world, group
         self.shard_numel = -(-total // world)
         self.padded = self.shard_numel * world
         self.pad = self.padded - total
@@ -112,7 +117,7 @@ class _FlatGroup:
         if src.dtype != self.gather_dtype:
             src = src.to(self.gather_dtype)
         with torch.no_grad():
-            all_gather_flat(self.full, src)
+            all_gather_flat(self.full, src, group=self.group)
 
     def views(self, requires_grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(leaf, per-parameter views): the leaf shares `full`'s storage but not its version counter,
@@ -143,7 +148,7 @@ class _Unit:
     """A module whose parameters are gathered and freed together."""
 
     def __init__(self, index: int, module: nn.Module, slots: list[tuple[nn.Module, str, nn.Parameter]],
-                 *, root: bool, rank: int, world: int, compute_dtype):
+                 *, root: bool, rank: int, world: int, compute_dtype, group=None):
         self.index, self.module, self.root = index, module, root
         # The original parameters are only read here (copied into the flat shards): keeping them in an
         # attribute kept every full fp32 weight alive (xl: +7.6 GB per rank on 2xH200).
@@ -153,10 +158,10 @@ class _Unit:
         for group_slots, trainable in ((trainable_slots, True), (frozen_slots, False)):
             if group_slots:
                 unique = list({id(p): p for _, _, p in group_slots}.values())
-                group = _FlatGroup(unique, rank=rank, world=world, compute_dtype=compute_dtype,
-                                   trainable=trainable)
+                flat = _FlatGroup(unique, rank=rank, world=world, compute_dtype=compute_dtype,
+                                  trainable=trainable, group=group)
                 index_of = {id(p): i for i, p in enumerate(unique)}
-                self.groups.append((group, [(m, attr, index_of[id(p)]) for m, attr, p in group_slots]))
+                self.groups.append((flat, [(m, attr, index_of[id(p)]) for m, attr, p in group_slots]))
         self.state = "free"  # free | gathering | gathered
         self.event = None
         self.leaf: Optional[torch.Tensor] = None
@@ -166,14 +171,16 @@ class _Unit:
 
 class FSDP(nn.Module):
     def __init__(self, module: nn.Module, compute_dtype: Optional[torch.dtype] = None, *,
-                 units: Optional[Iterable[nn.Module]] = None):
+                 units: Optional[Iterable[nn.Module]] = None, group=None, reshard: bool = True):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs an initialised torch.distributed process group")
         self.module = module
         self.compute_dtype = compute_dtype
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        broadcast_module_state(module)
+        self.group = group  # the ranks parameters are sharded over (a mesh's dp group; default the world)
+        self.reshard = reshard
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        broadcast_module_state(module, group=group)
         named = list(module.named_parameters())  # tied weights: listed once, under the first name
         self._names = [name for name, _ in named]
         device = named[0][1].device if named else torch.device("cpu")
@@ -220,7 +227,7 @@ class FSDP(nn.Module):
                 del m._parameters[attr]
         mods = [module] + unit_modules
         return [_Unit(i, mods[i], per_unit[i], root=i == 0, rank=self.rank, world=self.world_size,
-                      compute_dtype=self.compute_dtype) for i in range(len(mods))]
+                      compute_dtype=self.compute_dtype, group=self.group) for i in range(len(mods))]
 
     def _record_names(self, named) -> None:
         position = {}
@@ -298,15 +305,19 @@ class FSDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         self._order = []
-        for unit in self.units:  # left gathered by a forward without backward (or partly, by backward)
+        for unit in self.units if self.reshard else ():  # left gathered by a forward without backward
             if unit.state != "free":
                 self._wait(unit)
                 self._free(unit)
+        self.gather_root()
+        return self.module(*args, **kwargs)
+
+    def gather_root(self) -> None:
+        """The root unit gathered and installed, the first block's gather issued (before a forward)."""
         self._wait(self._root)
         self._install(self._root)
         if self._blocks:
             self._gather(self._blocks[0])
-        return self.module(*args, **kwargs)
 
     def _before_unit_forward(self, unit: _Unit, module, args) -> None:
         self._wait(unit)
@@ -315,7 +326,8 @@ class FSDP(nn.Module):
         self._order.append(unit)
 
     def _after_unit_forward(self, unit: _Unit, module, args, output):
-        self._free(unit)
+        if self.reshard:
+            self._free(unit)
         if not torch.is_grad_enabled():
             return output
         me = weakref.ref(self)
@@ -352,16 +364,17 @@ class FSDP(nn.Module):
             compute = torch.cuda.current_stream()
             self._reduce_stream.wait_stream(compute)
             with torch.cuda.stream(self._reduce_stream):
-                _reduce_scatter(out, grad32)
+                _reduce_scatter(out, grad32, self.group)
                 grad32.record_stream(self._reduce_stream)
                 event = self._reduce_stream.record_event()
         else:
-            _reduce_scatter(out, grad32)
+            _reduce_scatter(out, grad32, self.group)
             event = None
         self._pending.append((group, out, event))
         unit.leaf = None
         del grad, grad32
-        self._free(unit, trainable_only=True)
+        if self.reshard:
+            self._free(unit, trainable_only=True)
 
     # --------------------------------------------------------------------------------------- after backward
 
@@ -389,7 +402,7 @@ class FSDP(nn.Module):
         for unit in self.units:
             for g, (group, _) in enumerate(unit.groups):
                 full = group.shard.new_empty(group.padded)
-                all_gather_flat(full, group.shard.detach())
+                all_gather_flat(full, group.shard.detach(), group=self.group)
                 sizes = group.numels + ([group.pad] if group.pad else [])
                 flats[(unit.index, g)] = [part.view(shape).float().clone()
                                           for part, shape in zip(full.split(sizes), group.shapes)]

@@ -13,7 +13,9 @@ called as `function(ctx, **kwargs)` with a `RankContext`) on every rank of a pro
 
 Backends: gloo with CPU tensors; nccl with one GPU per rank, chosen by LOCAL_RANK. The process group
 gets a timeout (LMSYS_DIST_TIMEOUT_S, default 600 s), so a collective waiting on a dead rank ends with
-an error; torchrun also stops the surviving ranks as soon as one exits with an error.
+an error; torchrun also stops the surviving ranks as soon as one exits with an error. torchrun gets a
+parent-death signal (SIGTERM) and each rank one from torchrun (SIGKILL): a `kill -9` of lmsys ends the
+whole job within seconds, and torchrun, outliving it, removes the run folder.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
-from lmsys.core.results import write_atomic
+from lmsys.core.files import write_atomic
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: any finite bound keeps timedelta and the ms the backends take in range
 ENV_TIMEOUT = "LMSYS_DIST_TIMEOUT_S"
 
 
@@ -98,15 +101,48 @@ def backend_for_device(device: Optional[str], backend: Optional[str]) -> Optiona
     return implied
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def oversubscribed(world_size: int, backend: str) -> Optional[str]:
+    """Why times at this world size are not scaling numbers (gloo ranks outnumber the CPU cores, so each
+    gets under one core), or None."""
+    cores = _cores()
+    if backend == "gloo" and world_size > cores:
+        return (f"{world_size} processes on {cores} CPU core(s): they share cores, so times measure "
+                "scheduling as much as communication")
+    return None
+
+
 def warn_oversubscription(world_sizes: list[int], backend: str) -> Optional[str]:
     """One line when gloo ranks outnumber the CPU cores (each gets under one core: times are not
     bandwidth any more), else None."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     worst = max(world_sizes)
-    if backend == "gloo" and not under_torchrun() and worst > cores:
-        return (f"warning: --world-size {worst} runs {worst} processes on {cores} CPU core(s): "
-                "they share cores, so times measure scheduling as much as communication")
-    return None
+    if under_torchrun() or not (why := oversubscribed(worst, backend)):
+        return None
+    return f"warning: --world-size {worst} runs {why}"
+
+
+def check_rank_memory(bytes_per_rank: int, world_sizes: list[int], backend: str, *, what: str) -> None:
+    """Refuse before any rank starts when the ranks' buffers cannot fit: gloo ranks share this host's
+    RAM (available now), nccl ranks each take one GPU's memory (free now on GPU 0)."""
+    from lmsys.core.parsing import format_bytes
+
+    if backend == "nccl":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(0)
+        need, where = bytes_per_rank, f"GPU 0 has {format_bytes(free)} free"
+    else:
+        from lmsys.model.memory import available_ram
+
+        free = available_ram()
+        ranks = 1 if under_torchrun() else max(world_sizes)  # under torchrun, only this node's rank is known
+        need, where = bytes_per_rank * ranks, f"{format_bytes(free)} of RAM is available for {ranks} rank(s)"
+    if free is not None and need > free:
+        raise LmsysError(f"{what} needs about {format_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
+                         f"{where}", hint="give smaller sizes or fewer ranks")
 
 
 def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> list[int]:
@@ -120,19 +156,31 @@ def resolve_world_sizes(requested: Optional[list[int]], *, default: int = 2) -> 
     return requested or [default]
 
 
-def check_launch(backend: str, world_sizes: list[int]) -> None:
-    """User errors before anything starts: nccl needs CUDA and one GPU per local rank."""
+def backend_option(device: Optional[str], backend: Optional[str]) -> Optional[str]:
+    """The option the user gave that chose the backend (`--device cuda`, `--backend nccl`), for messages."""
+    if device not in (None, "auto"):
+        return f"--device {device}"
+    if backend not in (None, "auto"):
+        return f"--backend {backend}"
+    return None
+
+
+def check_launch(backend: str, world_sizes: list[int], *, chosen_by: Optional[str] = None) -> None:
+    """User errors before anything starts: nccl needs CUDA and one GPU per local rank. `chosen_by` names
+    the option that picked the backend (messages name what the user gave)."""
     import torch
 
     choose(backend, BACKENDS, what="--backend")
     timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked here, in the parent, not once per rank
     for n in world_sizes:
         if n < 1:
-            raise LmsysError(f"--world-size must be >= 1, got {n}")
+            raise LmsysError(f"--world-size must be >= 1, got {n}")  # as parse_int_list says it
     if backend != "nccl":
         return
     if not torch.cuda.is_available():
-        raise LmsysError("--backend nccl needs CUDA GPUs, and PyTorch sees none", hint="use --backend gloo")
+        given = chosen_by or "--backend nccl"
+        raise LmsysError(f"{given} needs CUDA GPUs, and PyTorch sees none",
+                         hint="use --device cpu (gloo)" if given.startswith("--device") else "use --backend gloo")
     visible = torch.cuda.device_count()
     if under_torchrun():
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -152,8 +200,8 @@ def timeout_seconds() -> float:
         value = float(text)
     except ValueError:
         raise LmsysError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise LmsysError(f"{ENV_TIMEOUT} must be positive, got {text}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # nan fails this too; inf would overflow the ranks' timedelta
+        raise LmsysError(f"{ENV_TIMEOUT} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {text}")
     return value
 
 
@@ -256,10 +304,11 @@ def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
                "-m", "lmsys.distributed.launch", str(spec_path)]
         env = child_environment(backend, world_size)
         env["TMPDIR"] = str(tmp)  # torchelastic_* (tempfile.mkdtemp) lands here, and goes with it
+        env[ENV_PARENT] = str(os.getpid())
         debug = os.environ.get("LMSYS_DEBUG") == "1"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                    stderr=None if debug else log, start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=None if debug else log,
+                                    start_new_session=True, preexec_fn=_die_with_parent_sigterm)
             try:
                 returncode = proc.wait()
             finally:  # normal end: reap stragglers at once; a signal or an exception: stop the group
@@ -385,22 +434,58 @@ def _failure(tmp: Path, returncode: int, world_size: int, *, log_path: Optional[
 
 
 TORCHRUN_FLAG = "--torchrun"
+ENV_PARENT = "LMSYS_PARENT_PID"  # the process a launched torchrun (or rank) must not outlive
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send `signum` to this process when its parent dies, even by SIGKILL (prctl
+    PR_SET_PDEATHSIG). A no-op where prctl is missing: stop_group and the signal handlers still work."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _die_with_parent_sigterm() -> None:  # Popen's preexec_fn: runs in torchrun's process before exec
+    import signal
+
+    die_with_parent(signal.SIGTERM)  # SIGTERM: torchrun stops its ranks before it exits
+
+
+def _parent_gone(expected: Optional[str]) -> bool:
+    """Whether the process that should be this one's parent (pid `expected`) is gone."""
+    return expected is not None and os.getppid() != int(expected)
 
 
 def torchrun_main(argv: list[str]) -> None:
     """torchrun, quiet about a failed worker: the worker already reported its error (one line or its
     traceback) and the parent names it; torchrun's own ChildFailedError dump and agent log lines would
-    only bury it. Exit code 1 as torchrun's."""
+    only bury it. Exit code 1 as torchrun's. When the lmsys process that started it dies (even by
+    SIGKILL: the parent-death signal is SIGTERM), torchrun stops its ranks and, outliving that process,
+    removes the run folder."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    launcher = os.environ.get(ENV_PARENT)
     try:
-        main(argv)
-    except ChildFailedError:
-        sys.exit(1)
+        if _parent_gone(launcher):  # it died before the death signal was armed
+            sys.exit(1)
+        os.environ[ENV_PARENT] = str(os.getpid())  # the ranks check this process is still theirs
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        try:
+            main(argv)
+        except ChildFailedError:
+            sys.exit(1)
+    finally:
+        if _parent_gone(launcher):
+            shutil.rmtree(Path(argv[-1]).parent, ignore_errors=True)
 
 
 def _reported_elsewhere(spec: dict, rank: int) -> bool:
@@ -412,6 +497,11 @@ def _reported_elsewhere(spec: dict, rank: int) -> bool:
 
 def worker_main(argv: list[str]) -> None:
     """Entry point of each torchrun worker: run the job, rank 0 writes the result, a failure is recorded."""
+    import signal
+
+    die_with_parent(signal.SIGKILL)  # torchrun gone (even by SIGKILL): so is this rank
+    if _parent_gone(os.environ.get(ENV_PARENT)):
+        os._exit(1)
     spec = json.loads(Path(argv[0]).read_text())
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -1,11 +1,11 @@
 """Will a training run fit, and what to say when a rank runs out of memory.
 
 - `fits(config, batch_size=, dtype=, device=)`: lmsys.model.memory's estimate (weights, gradients,
-  AdamW state, activations) against the budget below, with the words for an `OOM` row.
+  AdamW state, activations) against the budget below, with why (the status of an `OOM` row).
 - `memory_budget(device)`: free device memory (`torch.cuda.mem_get_info`), available RAM on the CPU;
   `LMSYS_MEMORY_BUDGET_MB`, when set, replaces it (tests use it to take the does-not-fit path).
 - `PhaseTracker`: which phase a rank is in (build, forward, backward, comm, optimizer), from hooks on
-  the wrapped model and optimizer; `LMSYS_INJECT_OOM=RANK:PHASE` makes that rank raise torch's
+  the wrapped model and optimizer and the gradient sync the runner calls (`in_phase`); `LMSYS_INJECT_OOM=RANK:PHASE` makes that rank raise torch's
   OutOfMemoryError on entering PHASE (a fault-injection hook for tests).
 - `RankOutOfMemory`: the one-line error a rank reports (which rank, phase, how much was asked).
 """
@@ -45,11 +45,11 @@ def memory_budget(device) -> tuple[int, str]:
 
 
 def fits(config, *, batch_size: int, dtype: str, device) -> tuple[bool, str]:
-    """(fits, why): the estimate against the budget, in words for the row's status."""
+    """(fits, why): the estimate against the budget; why is the row's status when it does not fit."""
     need = train_memory_estimate(config, batch_size=batch_size, dtype=dtype)
     budget, source = memory_budget(device)
-    words = f"needs ~{need / GiB:.1f} GiB (estimate), {budget / GiB:.1f} GiB {source}"
-    return need <= budget, words
+    why = f"needs ~{need / GiB:.1f} GiB (estimate), {budget / GiB:.1f} GiB {source}"
+    return need <= budget, why
 
 
 def requested_bytes(exc: BaseException) -> Optional[str]:
@@ -70,8 +70,9 @@ class RankOutOfMemory(RankError):
 
 
 class PhaseTracker:
-    """The phase a rank is in, set by hooks on the model (forward, backward), its gradient sync and the
-    optimizer; `inject` raises a synthetic OOM where LMSYS_INJECT_OOM says."""
+    """The phase a rank is in, set by hooks on the model (forward, backward) and the optimizer, and by
+    the gradient sync wrapped with `in_phase` for the runner; entering the phase LMSYS_INJECT_OOM names
+    raises a synthetic OOM."""
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -90,9 +91,16 @@ class PhaseTracker:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate 2.00 GiB. (injected by {ENV_INJECT_OOM})")
 
+    def in_phase(self, phase: str, fn):
+        """`fn` that enters `phase` first (the runner's hook for the gradient sync: `comm`)."""
+        def entered(*args, **kwargs):
+            self.enter(phase)
+            return fn(*args, **kwargs)
+        return entered
+
     def watch(self, model, optimizer) -> None:
-        """Hooks: forward pre-hook, a gradient hook on the output (backward), the gradient sync, the
-        optimizer's step pre-hook."""
+        """Hooks: forward pre-hook, a gradient hook on the output (backward), the optimizer's step
+        pre-hook."""
         import torch
 
         def on_output(module, args, output):
@@ -102,20 +110,8 @@ class PhaseTracker:
         self._handles.append(model.register_forward_pre_hook(lambda m, a: self.enter("forward")))
         self._handles.append(model.register_forward_hook(on_output))
         self._handles.append(optimizer.register_step_pre_hook(lambda o, a, k: self.enter("optimizer")))
-        finish = getattr(model, "finish_gradient_synchronization", None)
-        if finish is not None:
-            def finish_tracked():
-                self.enter("comm")
-                return finish()
-
-            model.finish_gradient_synchronization = finish_tracked  # an instance attribute, removed by close
-            self._patched = model
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        patched = getattr(self, "_patched", None)
-        if patched is not None:
-            del patched.finish_gradient_synchronization
-            self._patched = None

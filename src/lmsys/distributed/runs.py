@@ -11,11 +11,15 @@ from typing import Optional
 from lmsys.core.errors import LmsysError
 from lmsys.core.imports import is_import_path
 from lmsys.core.parsing import choose, parse_list
-from lmsys.distributed.strategies import LEARNING_RATE, STRATEGIES as REGISTRY, check_name
+from lmsys.distributed.strategies import STRATEGIES as REGISTRY, check_name
+from lmsys.train.optim import DDP_TRAIN_LR
 
 # The rows without --strategy: lmsys's own and torch's (with --adapters, the adapters' rows too)
 STRATEGIES = tuple(name for name, s in REGISTRY.items() if not s.adapters)
 ADAPTER_STRATEGIES = tuple(name for name, s in REGISTRY.items() if s.adapters)
+# --shard-optimizer wraps their AdamW in ZeRO-1 (`shardable`: yours, yours-bucketed and a DDP-style import
+# path too); the FSDPs shard their own way, yours-zero1 brings its own sharded optimizer
+SHARDABLE = tuple(name for name in STRATEGIES if not REGISTRY[name].shards_params)
 COMM_DTYPES = ("fp32", "bf16")
 BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 
@@ -39,6 +43,13 @@ class RunSpec:
             label += f" +{self.lever}" if self.lever else ""
             label += f" +carveout {self.sm_carveout}" if self.sm_carveout is not None else ""
         return label
+
+
+def shardable(name: str) -> bool:
+    from lmsys.distributed.strategies import get
+
+    strategy = get(name)
+    return not strategy.shards_params and strategy.optimizer is None
 
 
 def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
@@ -109,8 +120,8 @@ def check_levers_for_backend(runs: list[RunSpec], backend: str) -> None:
 
 
 def set_nccl_ctas(ctas: Optional[int]) -> Optional[str]:
-    """NCCL_MIN_CTAS = NCCL_MAX_CTAS = ctas in this process's environment (the ranks inherit it); the
-    words for the run line, or None."""
+    """NCCL_MIN_CTAS = NCCL_MAX_CTAS = ctas in this process's environment (the ranks inherit it); what
+    the run line says of it, or None."""
     if ctas is None:
         return None
     if ctas < 1:
@@ -123,7 +134,7 @@ def run_line(*, backend: str, world_size: int, batch_size: int, dtype: str, warm
              extra: Optional[str] = None) -> str:
     numerics = "fp32" if dtype == "fp32" else f"{dtype} autocast, fp32 master weights"
     line = (f"{backend}, world size {world_size}, batch {batch_size} per rank, {numerics}, "
-            f"AdamW lr {LEARNING_RATE:g}, warmup {warmup} + {steps} timed steps")
+            f"AdamW lr {DDP_TRAIN_LR:g}, warmup {warmup} + {steps} timed steps")
     return line + (f", {extra}" if extra else "")
 
 

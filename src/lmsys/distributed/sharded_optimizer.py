@@ -21,7 +21,7 @@ unused) included. It needs an elementwise optimizer (AdamW, Adam, SGD with momen
 is updated from its own gradient and state only. Gradients must already be averaged (by a DDP wrapper).
 
 Hyperparameters live in `self.param_groups` (what schedulers change) and are copied into the local
-groups before every step. The all-gather is `collectives.all_gather_flat` (all_gather_single, or
+groups before every step. The all-gather is `primitives.all_gather_flat` (all_gather_single, or
 all_gather_into_tensor on torch < 2.13); a backend without it (gloo on older torch) falls back to
 dist.all_gather into the bucket's W chunks.
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.distributed.collectives import all_gather_flat
+from lmsys.distributed.primitives import all_gather_flat
 
 DEFAULT_BUCKET_MB = 256.0
 _MiB = 1 << 20
@@ -63,7 +63,7 @@ class _Bucket:
 
 class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, **kwargs: Any):
+                 bucket_mb: float = DEFAULT_BUCKET_MB, group=None, **kwargs: Any):
         if not dist.is_initialized():
             raise RuntimeError("ShardedOptimizer needs an initialised torch.distributed process group")
         if not bucket_mb > 0:
@@ -71,8 +71,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.optimizer_cls = optimizer_cls
         self.optimizer_kwargs = kwargs
         self.bucket_bytes = bucket_mb * _MiB
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.group = group  # the ranks the state is sharded over (a mesh's dp group; default the world)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
         self.buckets: list[_Bucket] = []
         self.pieces: list[list[_Piece]] = []  # per param group: this rank's pieces
         self._load = [0] * self.world_size  # real elements owned per rank, over all buckets
@@ -169,14 +170,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             shard = bucket.shard(self.rank)
             if self._gather_into_tensor:
                 try:
-                    works.append(all_gather_flat(bucket.flat, shard, async_op=True))
+                    works.append(all_gather_flat(bucket.flat, shard, group=self.group, async_op=True))
                     continue
                 except (RuntimeError, NotImplementedError) as exc:  # gloo on older torch
                     if "support" not in str(exc).lower():
                         raise
                     self._gather_into_tensor = False
             chunks = list(bucket.flat.chunk(self.world_size))
-            works.append(dist.all_gather(chunks, shard.clone(), async_op=True))
+            works.append(dist.all_gather(chunks, shard.clone(), group=self.group, async_op=True))
         for work in works:
             work.wait()
 

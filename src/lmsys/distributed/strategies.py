@@ -17,8 +17,7 @@ from typing import Callable, Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.imports import call_user, is_import_path, load_module, load_object
-
-LEARNING_RATE = 1e-3
+from lmsys.train.optim import ADAMW_DEFAULTS, DDP_TRAIN_LR
 
 
 @dataclass(frozen=True)
@@ -121,14 +120,14 @@ def _bucketed_optimizer(wrapped, spec):
 def _bucketed(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
     from lmsys.distributed import ddp
-    from lmsys.train.step import make_optimizer
+    from lmsys.train.optim import make_optimizer
 
     comm = None if spec.comm_dtype == "fp32" else torch_dtype(spec.comm_dtype)
     factory = None
     if spec.lever == "bucket-optimizer":
         # the same (foreach) AdamW as every other row: a fused one per bucket measured 163 ms against
         # 190 on 2xH200, most of it fused against foreach, not overlap
-        factory = partial(make_optimizer, lr=LEARNING_RATE)
+        factory = partial(make_optimizer, lr=DDP_TRAIN_LR)
     return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
                            bucket_order="learned" if spec.lever == "learned-order" else "reverse",
                            grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout,
@@ -236,10 +235,8 @@ def _yours_fsdp(model, spec, ctx, *, dtype):
 def _yours_sharded_optimizer(wrapped, spec):
     import torch
 
-    from lmsys.train.step import ADAMW_DEFAULTS
-
     return call_user(adapters_module(spec), ("get_sharded_optimizer",), wrapped.parameters(), torch.optim.AdamW,
-                     lr=LEARNING_RATE, **ADAMW_DEFAULTS)
+                     lr=DDP_TRAIN_LR, **ADAMW_DEFAULTS)
 
 
 @register("yours-zero1", "lmsys's bucketed DDP (first --bucket-mb) with your get_sharded_optimizer(params, "
@@ -259,7 +256,7 @@ def make_strategy_optimizer(wrapped, spec, *, sharded: bool):
     sharded optimizer), else AdamW, ZeRO-1 sharded when asked."""
     import torch
 
-    from lmsys.train.step import ADAMW_DEFAULTS, make_optimizer
+    from lmsys.train.optim import make_optimizer
 
     strategy = get(spec.strategy)
     own = strategy.optimizer(wrapped, spec) if strategy.optimizer else None
@@ -270,8 +267,8 @@ def make_strategy_optimizer(wrapped, spec, *, sharded: bool):
     if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)
         from lmsys.distributed.sharded_optimizer import ShardedOptimizer
 
-        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=LEARNING_RATE, **ADAMW_DEFAULTS)
-    return make_optimizer(wrapped.parameters(), lr=LEARNING_RATE)
+        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=DDP_TRAIN_LR, **ADAMW_DEFAULTS)
+    return make_optimizer(wrapped.parameters(), lr=DDP_TRAIN_LR)
 
 
 def optimizer_label(spec, *, sharded: bool) -> str:

@@ -29,37 +29,35 @@ from lmsys.core.imports import NotImplementedByUser
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
-from lmsys.distributed.runs import LEARNING_RATE, RunSpec
+from lmsys.distributed.runs import RunSpec
 from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
 from lmsys.distributed.strategies import (final_parameters, get as get_strategy, gradients, make_strategy_optimizer,
                                           optimizer_label, step_hooks, wrap_model)
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 from lmsys.model.user import with_model
-from lmsys.train.step import TIMER_NAMES, TrainStep, make_optimizer, no_range, run_step
+from lmsys.train.build import build_model
+from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
+from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 
 
-def check_model(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
-                runs: list[RunSpec], model: Optional[str] = None, model_kwargs: str = "") -> tuple[str, int]:
-    """The model `ddp train` builds, checked once in the launching process (not on every rank): the
-    default size and context for the backend, the dtype on that device and for the strategies, a bad
-    preset or YAML."""
+def resolve_model_size(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
+                       runs: list[RunSpec], model: Optional[str] = None, model_kwargs: str = "") -> tuple[str, int]:
+    """(size, context length) of the model `ddp train` builds, resolved and checked once in the
+    launching process (not on every rank): the defaults for the backend's device, the dtype on that
+    device and for the strategies, a bad preset or YAML, a --model that does not build."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
+    from lmsys.model.config import default_context_length, default_size, resolve_configs
 
-    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    check_dtype_for_device(dtype, resolve_device(device_type))
     if dtype == "fp16" and any(get_strategy(r.strategy).shards_params for r in runs):
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
-    size = size or ("small" if backend == "nccl" else "tiny")
-    if context_length is None:  # an explicit 0 must reach the check below, not become the default
-        context_length = 512 if backend == "nccl" else 128
-    if context_length < 1:
-        raise LmsysError(f"--context-length must be positive, got {context_length}")
-    config = with_model(get_config(size).with_overrides(context_length=context_length), model, model_kwargs)
-    if model is not None and model != "lmsys":  # builds it on the meta device: its errors are one line here
-        from lmsys.model.user import count_parameters
-
-        count_parameters(config)
+    size = size or default_size(device_type)
+    if context_length is None:  # an explicit 0 must reach the check, not become the default
+        context_length = default_context_length(device_type)
+    resolve_configs([size], context_length=context_length, model=model, model_kwargs=model_kwargs)
     return size, context_length
 
 
@@ -114,18 +112,19 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
 def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup, total, seed):
     """(rows, 1-process ms/step or None, reference parameters or None, notes). Each one-process run
     happens only when the memory estimate fits the budget; a caught OOM is the backstop."""
+    from lmsys.core.devices import oom_row
     from lmsys.distributed.memory import fits
 
     label = f"1 process, batch {batch_size}"
     rows, notes, single_ms, reference = [], [], None, None
-    ok, words = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
+    ok, why = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
     if ok:
         batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
         row, _ = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup, seed=seed,
-                                     label=label, keep_params=False, words=words)
+                                     label=label, keep_params=False, estimate=why)
         del batches
     else:
-        row = _oom_row(label, f"OOM: {words}")
+        row = oom_row(f"OOM: {why}", ROW_KEYS, strategy=label, optimizer="AdamW")
     rows.append(row)
     if row["status"] == "ok":
         single_ms = row["ms/step"]
@@ -133,21 +132,23 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
         notes.append(f"{label}: {row['status']}; it was not run to the end, so scaling eff % is empty "
                      "(nothing to compare with). The strategies still ran.")
     full = batch_size * ctx.world_size
-    ok, words = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
+    ok, why = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
     if ok:
         batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
         ref_row, reference = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup,
-                                                 seed=seed, label="reference", keep_params=True, words=words)
-        words = ref_row["status"]
+                                                 seed=seed, label="reference", keep_params=True, estimate=why)
+        why = ref_row["status"]
         del batches
     if reference is None:
         notes.append(f"parity max|Δθ| is empty: the reference (one process on the full batch of {full}) "
-                     f"does not fit ({words.removeprefix('OOM: ')}), so there is nothing to compare with.")
+                     f"does not fit ({why.removeprefix('OOM: ')}), so there is nothing to compare with.")
     return rows, single_ms, reference, notes
 
 
-def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, keep_params, words):
-    """single_process_run; torch's OOM becomes an `OOM` row (and no parameters)."""
+def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, keep_params, estimate):
+    """single_process_run; torch's OOM becomes an `OOM` row (and no parameters). `estimate`: what the
+    memory estimate said (`fits`), for that row."""
+    from lmsys.core.devices import oom_row
     from lmsys.distributed.memory import PhaseTracker, requested_bytes
 
     try:
@@ -156,38 +157,28 @@ def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, kee
                                   seed=seed, label=label, keep_params=keep_params)
     except torch.OutOfMemoryError as exc:
         asked = requested_bytes(exc)
-        status = f"OOM (caught{', tried to allocate ' + asked if asked else ''}; the estimate said {words})"
+        status = f"OOM (caught{', tried to allocate ' + asked if asked else ''}; the estimate said {estimate})"
     free_memory(ctx.device)
-    return _oom_row(label, status), None
-
-
-def _oom_row(label: str, status: str) -> dict:
-    row = dict.fromkeys(ROW_KEYS)
-    row.update({"strategy": label, "optimizer": "AdamW", "status": status})
-    return row
+    return oom_row(status, ROW_KEYS, strategy=label, optimizer="AdamW"), None
 
 
 def _to(batch, device):
     return tuple(t.to(device) for t in batch)
 
 
-def build_model(config: ModelConfig, *, device, seed: int):
-    from lmsys.model.user import build_model as build
-
-    torch.manual_seed(seed)
-    return build(config, device=device)
-
-
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
-               on_first_grads=None) -> RegionTimer:
+               on_first_grads=None, tracker=None) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). `before` and
     `after_backward` default to the model's on_train_batch_start / finish_gradient_synchronization;
-    `on_first_grads()` runs once, after the first step's backward and gradient synchronisation."""
+    `on_first_grads()` runs once, after the first step's backward and gradient synchronisation. With
+    `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
     timer = RegionTimer(device)
     names = {**TIMER_NAMES, "after_backward": "comm wait"}
     before = before or getattr(model, "on_train_batch_start", None)
     after_backward = after_backward or getattr(model, "finish_gradient_synchronization", None)
+    if after_backward is not None and tracker is not None:
+        after_backward = tracker.in_phase("comm", after_backward)
     for i, (inputs, targets) in enumerate(batches):
         after = after_backward
         if i == 0 and on_first_grads is not None:
@@ -206,7 +197,7 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=LEARNING_RATE)
+    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
     pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
 
     def host(t):
@@ -239,7 +230,7 @@ def parity_tolerance(dtype: str, spec: RunSpec, *, total: int) -> tuple[float, f
     rounding that flips a tiny gradient's sign shows at the lr scale."""
     if dtype == "fp32" and spec.comm_dtype == "fp32":
         return 1e-4, 1e-4
-    return 2 * LEARNING_RATE * total, 5e-2
+    return 2 * DDP_TRAIN_LR * total, 5e-2
 
 
 def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, *, dtype, warmup,
@@ -267,7 +258,8 @@ def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, 
             first_grads.update({n: g.detach().clone() for n, g in (grads or {}).items() if g is not None})
 
         timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup,
-                           before=before, after_backward=after_backward, on_first_grads=keep_grads)
+                           before=before, after_backward=after_backward, on_first_grads=keep_grads,
+                           tracker=tracker)
         final = final_parameters(wrapped, spec)
     except torch.OutOfMemoryError as exc:
         raise RankOutOfMemory(rank=ctx.rank, phase=tracker.phase, what=spec.label, exc=exc) from None

@@ -20,6 +20,7 @@ query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implement
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from functools import lru_cache
 from typing import Callable
 
@@ -30,13 +31,43 @@ from lmsys.core.parsing import choose
 from lmsys.kernels.registry import IMPLS, USER, three_d
 
 
-def naive_attention(q, k, v, is_causal: bool = False):
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))  # [..., n_q, n_k]
-    if is_causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+def _scaled_scores(q, k):
+    return (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))  # [..., n_q, n_k]
+
+
+def _causal_masked(scores, is_causal: bool):
+    """Scores with the keys each query may not see at -inf: query i sees keys j <= i (top-left aligned)."""
+    if not is_causal:
+        return scores
+    keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    return scores.masked_fill(~keep, float("-inf"))
+
+
+def _unmarked(part: str):
+    return nullcontext()
+
+
+def naive_attention(q, k, v, is_causal: bool = False, *, mark: Callable | None = None):
+    """softmax(q kᵀ / √d) v with the whole score matrix. `mark(part)`, when given, is a context manager
+    around each part ("qk": scores and scale, "softmax": causal mask and softmax, "av": the product with v);
+    lmsys.profiling.nvtx's annotated attention passes NVTX ranges."""
+    mark = mark or _unmarked
+    with mark("qk"):
+        scores = _scaled_scores(q, k)
+    with mark("softmax"):
+        probs = torch.softmax(_causal_masked(scores, is_causal), dim=-1).to(v.dtype)
+    with mark("av"):
+        return probs @ v
+
+
+def reference_attention(q, k, v, is_causal: bool = False, device="cpu"):
+    """(o, L) in float64 on `device` (the CPU unless asked: a GPU for long sequences): naive_attention's
+    math, with L the logsumexp of each row of scores. k and v with fewer heads than q (dim -3) are
+    repeated to q's heads. Differentiable: autograd reaches the inputs through the copies."""
+    q, k, v = (x.to(device, torch.float64) for x in (q, k, v))
+    k, v = repeat_kv(q, k, v)
+    scores = _causal_masked(_scaled_scores(q, k), is_causal)
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
 
 
 @lru_cache(maxsize=None)
@@ -82,11 +113,10 @@ def _flash_torch(q, k, v, is_causal):
     return FlashAttentionTorch.apply(q, k, v, is_causal)
 
 
-@torch.compiler.disable  # Dynamo cannot trace into triton.autotune's launcher; compiled callers graph-break here
 def _flash_triton(q, k, v, is_causal):
-    from lmsys.kernels.flash_triton import FlashAttentionTriton
+    from lmsys.kernels.flash_triton import flash_attention  # custom ops under torch.compile: no graph break
 
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+    return flash_attention(q, k, v, is_causal)
 
 
 IMPLS.update({

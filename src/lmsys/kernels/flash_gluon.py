@@ -1,32 +1,13 @@
 """FlashAttention's forward and backward in Gluon for Hopper (H100/H200): the warp roles triton.language
-cannot say.
+cannot say (a TMA load warp feeding compute warp groups that run asynchronous wgmma under the softmax;
+FlashAttention-3's one-launch backward, dQ by TMA reduce-adds). How they work: docs/benchmarks/attention.md,
+"How the Triton and Gluon kernels work".
 
-triton.language leaves the warp roles to its compiler; Gluon (triton.experimental.gluon, in the same
-triton wheel) lets the kernel say them, with a register budget per role (setmaxnreg underneath):
-
-- a load partition, one warp with 24 registers, brings Q once and K, V tiles through a ring of STAGES
-  shared buffers by TMA, with ready/empty mbarriers (K and V on separate ready barriers, so QKᵀ starts
-  before V has landed);
-- the compute warp groups, 64 query rows each, run both products as asynchronous wgmma and the online
-  softmax in registers, the products under the exponentials: PIPELINE 1 issues the next tile's QKᵀ before
-  this tile's exponentials; PIPELINE 2 is FlashAttention-3's order, QKᵀ of tile j and PV of tile j-1
-  issued together and the softmax of tile j under both. With `Config.consumers` 2 (the defaults) each
-  warp group is a partition of its own (the default one and a worker), so triton's barriers never make
-  one wait for the other; with 1 they share the default partition.
-
-The backward (`backward`, FlashAttention-3's one launch) has the same roles: per key tile, the load warp
-brings K and V once and Q, dO of every query tile through the ring; the compute partition (two warp
-groups, 64 keys each) runs the five products as wgmma (Sᵀ, dPᵀ, dV += Pᵀ dO, dK += dSᵀ Q, and dQ_tile =
-dS K with dSᵀ through shared memory) and adds each float32 dQ tile to dQ with one TMA bulk reduce-add from
-shared memory; it loads each query tile's L and D one tile ahead, and masks only the tiles across the
-causal diagonal. The adds' order varies: not bitwise reproducible (`flash_triton.Policy.deterministic`).
-`_scale_cast` then turns the float32 dQ into q's dtype with 1/√d applied.
-
-The forward computes what `flash_triton._attn_fwd` computes (O, and L = the natural-log logsumexp that the
-backward reads) for the shapes `usable` accepts; `flash_triton.flash_forward` runs it there when the
-policy asks (`Policy.gluon`) and the tl kernel everywhere else. Measured against the tl forward and
-cuDNN in docs/benchmarks/attention.md; scripts/gpu/gluon_attention.py sweeps its configs, and compiles
-them for sm_90 on a machine without a GPU.
+Limits (`usable`, `usable_backward`): an NVIDIA sm_90 GPU and the triton release the kernels were written
+for (TRITON_RELEASES); bf16/fp16; d 64 or 128; as many keys as queries, a multiple of the tiles; contiguous,
+16-byte aligned [Z, H, N, d] inputs; query heads a multiple of key/value heads. The backward is not bitwise
+reproducible. `lmsys.kernels.flash_triton`'s dispatcher runs these kernels where its Policy asks and they
+take the inputs, the tl kernels everywhere else.
 """
 from __future__ import annotations
 
@@ -80,12 +61,7 @@ class Config:
             raise ValueError("one tile must divide the other (the causal diagonal's tiles)")
 
 
-# The head dims the kernel runs by default, with the fastest config of scripts/gpu/gluon_attention.py's sweep
-# at the leaderboard shape (H200, triton 3.6; docs/benchmarks/attention.md): two consumer warp groups of 64
-# query rows each, in partitions of their own (no lockstep between them), in FlashAttention-3's order (QKᵀ
-# and PV under the softmax). Until the softmax's exponent became one FFMA (ninth session), d 128 was
-# fastest with only the next QKᵀ under the softmax; since, FA3's order takes 0.87-0.92x that config's time
-# in three rounds (1.70-1.78 ms against 1.87-2.03) and 0.92-0.95x the kernel before the FFMA; d 64 0.95-0.98x.
+# The forward's config per head dim: the fastest of a sweep at the leaderboard shape (docs/benchmarks/attention.md).
 CONFIGS = {d: Config(128, 128, 3, 2, 8, 168, 2) for d in (64, 128)}
 
 
@@ -114,10 +90,7 @@ class BwdConfig:
             raise ValueError(f"maxnreg {self.maxnreg} does not fit {self.warps} + 4 warps in the register file")
 
 
-# At the leaderboard shape (docs/benchmarks/attention.md): d 128 5.40-5.46 ms against the tl backward's
-# 8.0 (with D, the zeroing and the cast, eighth session); dPᵀ beside Sᵀ took 2-6 % off forward+backward
-# through autograd (seventh session). d 64 3.51-3.54 against the tl kernels' 3.65-3.70 once each tile's L
-# and D were loaded under the tile before (eighth session; 4.0-4.1 against 3.6 before that).
+# The backward's config per head dim (docs/benchmarks/attention.md).
 BWD_CONFIGS = {d: BwdConfig(64, 128, 2, 8, 168, early_dp=True) for d in (64, 128)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
@@ -435,8 +408,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
             st = warpgroup_mma_wait(0, deps=[st_tok])
         pt = gl.exp2(st * qk_scale - lse2[None, :])
         if CAUSAL:
-            # only the tiles across the diagonal (the first BLOCK_N / BLOCK_M of each head) mask: masking
-            # all cost 1-2 % (attention.md, eighth session)
+            # only the tiles across the diagonal (the first BLOCK_N / BLOCK_M of each head) mask
             if start_m < start_n + BLOCK_N:
                 pt = gl.where(start_m + cols_m[None, :] >= offs_n[:, None], pt, 0.0)
         if EARLY_DP:
@@ -454,7 +426,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         # Triton's barrier analysis orders every shared-memory write here (stores, the empty arrive) before
         # the next shared access of any buffer with a partition-wide barrier, and adds one after each TMA
         # store wait, so the wait and the writes sit just before the two barriers the data needs: 4 bar.sync
-        # per tile (the two extra follow the arrive) instead of 6, 3 % faster (attention.md, 2026-12-01).
+        # per tile (the two extra follow the arrive) instead of 6.
         ds_buf = ds_smem.index(t % 2)
         ds_buf.store(dst)
         fence_async_shared()
@@ -462,8 +434,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         gl.thread_barrier()  # both warp groups' rows of dSᵀ are in place
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
         # The next tile's L and D (the first's again after the last), loaded under this tile's products and
-        # barriers. Loaded at the tile's start, their latency stalled the dPᵀ issue: 13 % of the compute
-        # warps' stall samples in ncu, 5-7 % of the kernel's time (attention.md, eighth session).
+        # barriers (loaded at the tile's start, their latency stalled the dPᵀ issue).
         tn = (t + 1) % n_steps
         row_n = lse_row0 + (tn // per_head) * N_CTX + (first_m + tn % per_head) * BLOCK_M
         lse = gl.load(L + row_n + cols_m)
@@ -528,9 +499,8 @@ CAST_BLOCK = 4096  # elements per program of _scale_cast: 8 per thread at a time
 
 @gluon.jit
 def _scale_cast(X, Y, scale, n, BLOCK: gl.constexpr, num_warps: gl.constexpr):
-    """Y = X·scale in Y's dtype, flat: the backward's float32 dQ to q's dtype, 1/√d applied on the way.
-    At the leaderboard shape (d 128) 0.048 ms, as long as a plain .to(bf16); torch.mul with a bf16 `out`
-    took its unvectorised casting path, 0.068 ms."""
+    """Y = X·scale in Y's dtype, flat: the backward's float32 dQ to q's dtype, 1/√d applied on the way
+    (as fast as a plain .to(bf16); torch.mul with a bf16 `out` was slower)."""
     layout: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])
     offs = gl.program_id(0).to(gl.int64) * BLOCK + gl.arange(0, BLOCK, layout=layout)
     mask = offs < n

@@ -1,45 +1,17 @@
-"""FlashAttention-2 forward and backward as Triton kernels.
+"""FlashAttention-2 forward and backward as Triton kernels: the tl kernels, their autotune configs, the host
+launchers, the one dispatcher that picks them or lmsys.kernels.flash_gluon's Hopper kernels, and the
+autograd function. How they work: docs/benchmarks/attention.md, "How the Triton and Gluon kernels work";
+where the defaults come from: its last section.
 
-Algorithm (Dao, "FlashAttention-2", 2023; layout after Triton's 06-fused-attention tutorial):
-- Forward, one program per (query tile, query head): walk the key/value tiles with the online softmax in
-  base 2 (log2 e folded into the score scale, so each probability is one exp2), accumulate in float32,
-  write O in the input dtype and the logsumexp L = m + log l (natural log, float32) for the backward.
-- Backward, deterministic (the default everywhere but where lmsys.kernels.flash_gluon's one-launch
-  backward runs, Hopper at d 64 and 128; always with `deterministic=True`): a dQ kernel, one program per query
-  tile, that computes its rows of D = rowsum(dO ∘ O) and walks the key tiles (dQ += dS K); then a dK/dV
-  kernel, one program per (key tile, key/value head), that walks the query tiles (dV += Pᵀ dO, dK += dSᵀ
-  Q). No atomics. With `deterministic=False` a preprocess kernel computes D, then one launch does the
-  rest: the dK/dV programs also add dS K into a float32 dQ (TMA reduce-adds where descriptors run, else
-  atomics; the order of the additions, hence the last bits, varies from run to run). Both recompute
-  P = exp(S - L); dS = P ∘ (dP - D).
-- Causal (top-left aligned: query i attends keys j <= i): tiles wholly above the diagonal are never
-  visited. One inner loop per kernel serves two stages chosen at compile time: STAGE 1 walks tiles that
-  are wholly visible, STAGE 2 the tiles that straddle the diagonal or hang past the last query/key, which
-  build a mask. Causal programs run heaviest-first. With `Policy(persistent=True)` the forward launches one
-  program per SM that loops over (query tile, batch·head) items, causal ones heaviest first over all heads.
-- Any head dim d that is a multiple of 8 from 16 to 256: tiles are HEAD_DIM_PAD = next power of two >= d
-  wide (tl.arange needs a power of two); loads are masked on d < HEAD_DIM (zeros beyond, which add nothing
-  to any product) and stores are masked, so q, k, v are never copied into padded buffers.
-- Grouped-query / multi-query attention: k and v may have Hkv heads for q's Hq (Hq % Hkv == 0); query
-  head h reads key/value head h // (Hq / Hkv) through the pointer offsets (k, v are never repeated), and
-  each dK/dV program loops over its group's query heads, so dK, dV are summed over the group without
-  atomics.
-- Inputs [..., n, d] are viewed as [Z, H, n, d] and the kernels take strides, so transposed views
-  ([B, S, H, d].transpose(1, 2)) run without a copy; a copy happens only when the leading dims cannot be
-  merged or d is not the unit-stride dim.
+Limits: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv, any n_q, n_k >= 1,
+causal top-left aligned; head dims that are multiples of 8 from 16 to 256 in fp16 and bf16, up to 128 in
+fp32 (tf32x3 dots) and only where the smallest tile fits the GPU's shared memory. CUDA tensors, or CPU
+tensors under TRITON_INTERPRET=1 (set before this module is imported).
 
-Limits that hold today: fp16 and bf16 at every such head dim; fp32 (dots as tf32x3, three TF32
-tensor-core products, near-fp32 accuracy) up to d 128, and only where the smallest tile fits in the GPU's
-shared memory (read from the device). Any n_queries and n_keys >= 1; CUDA tensors, or CPU tensors under
-TRITON_INTERPRET=1 (set before this module is imported). Plain pointer loads with masks (no block
-pointers, which newer Triton removed), so one source runs on triton 3.6 and the newest; tensor
-descriptors (TMA) load the backward's streamed tiles by default (`Policy(tma_backward=True)`, 3-5 %
-faster on an H200) and, with `deterministic=False`, accumulate dQ by TMA reduce-adds; for the forward's
-loads they are an opt-in `Policy(tma=True)` (slower there). Where descriptors cannot run (older GPUs,
-misaligned or expanded tensors) the same kernels take the pointer loads.
-How tiles are chosen is a `Policy` passed to the launchers: Triton's autotuner (timed once per shape and
-dtype) by default, or a fixed pick among the configs that fit (`flash check` rotates through them).
-LMSYS_FLASH_AUTOTUNE=0 makes the default policy take the first config that fits.
+How the kernels run is a frozen `Policy` passed in (tiles autotuned or picked, and the levers);
+`launch_forward` / `launch_backward` return what ran. LMSYS_FLASH_AUTOTUNE=0 makes the default policy take
+the first config that fits. `flash_attention` (the model's path) runs the custom ops lmsys::flash_fwd and
+lmsys::flash_bwd under torch.compile, which then keeps one graph through attention.
 """
 
 from __future__ import annotations
@@ -48,7 +20,7 @@ import functools
 import math
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -272,10 +244,9 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken. Chosen from
-# a wider sweep on an H200 (docs/benchmarks/attention.md): the best of each kernel at d 64 and d 128, bf16,
-# causal, seq 16384, then smaller tiles for fp32 and d 256. The dK/dV kernel takes the "dkdv" list also
-# when it accumulates dQ (deterministic=False).
+# (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken (where they
+# come from: docs/benchmarks/attention.md). The dK/dV kernel takes the "dkdv" list also when it accumulates
+# dQ (deterministic=False).
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
             _config(64, 32, 4, 2)],
@@ -284,8 +255,7 @@ GPU_CONFIGS = {
     "dq": [_config(64, 128, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 3), _config(64, 32, 4, 3),
            _config(32, 32, 4, 2)],
 }
-# Larger tiles and deeper pipelines for d 64 (lever "wide tiles": scripts/gpu/flash_levers.py measures them
-# against GPU_CONFIGS before any of them joins the autotuned list).
+# Larger tiles and deeper pipelines for d 64, picked from with Policy(wide_configs=True, pick=i).
 WIDE_CONFIGS = {
     "fwd": [_config(128, 128, 8, 3), _config(128, 128, 8, 4), _config(256, 64, 8, 3), _config(128, 64, 4, 4)],
     "dkdv": [_config(128, 128, 8, 3), _config(64, 128, 8, 4), _config(128, 64, 8, 3), _config(64, 64, 4, 4)],
@@ -357,9 +327,7 @@ def fitting_configs(kernel: str, configs: list, *, d_pad: int, elem: int, smem: 
     return kept or [min(configs, key=lambda c: tuple(reversed(_cost(kernel, c, d_pad, elem))))]
 
 
-# triton 3.6's warp-specialisation pass on Hopper compiles the forward only at 8 warps: at 4 it fails
-# (`PassManager::run failed` in NVGPUWarpSpecialization) for every config, head dim 16-256 and dtype tried
-# (scripts/compile_sm90.py compiles them on a CPU).
+# triton 3.6's warp-specialisation pass on Hopper compiles the forward only at 8 warps.
 WARP_SPEC_MIN_WARPS = 8
 
 
@@ -390,75 +358,95 @@ def _prune_by_head_dim(kernel: str):
     return prune
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
-    """How the launchers run the kernels. The autograd function takes one; `flash check` and
-    scripts/gpu/flash_levers.py pass their own, everything else gets `default_policy()`.
+    """How the launchers run the kernels; frozen (change a lever with dataclasses.replace). The autograd
+    function and `launch_forward` / `launch_backward` take one; `default_policy()` is what users run.
 
     pick: None = Triton's autotuner over CONFIGS (each fitting config timed once per shape, cached); an
       int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
-    configs: per-kernel lists that `pick` chooses from instead of CONFIGS (needs a pick).
-    deterministic: None (the default) = the fastest measured for the shape: with `gluon` on, the Gluon
-      one-launch backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 64/128; strided
-      views copied) and there are at least GLUON_BWD_MIN_KEYS keys (not bitwise reproducible), the two
+    configs: ((kernel, (Config, ...)), ...) that `pick` chooses from instead of CONFIGS (needs a pick); a
+      dict {kernel: [Config, ...]} is accepted and stored as such pairs.
+    wide_configs: `pick` chooses from WIDE_CONFIGS followed by CONFIGS (needs a pick).
+    deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
+      backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 64/128; strided views
+      copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
       atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
       False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
       when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
-      tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides);
-      the pointer path otherwise.
+      tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides).
     tma_backward: the backward's streamed loads (Qᵀ and dO in the dK/dV kernel, Kᵀ and Vᵀ in the dQ
-      kernel) through tensor descriptors, where `tma` could run them; with deterministic=False, dQ is
-      then added by TMA reduce-adds on a GPU (TMA_REDUCE_DQ). On by default.
+      kernel) through tensor descriptors, where `tma` could run them.
+    tma_reduce_dq: with deterministic=False and descriptors in the backward, dQ is added by TMA reduce-adds
+      on a GPU (element-wise atomics otherwise, and always under the interpreter).
     warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True), with the 8-warp
-      configs only (WARP_SPEC_MIN_WARPS; off where none fits); not together with the forward's tensor
-      descriptors (no faster on Hopper: `tma` wins).
-    gluon: the forward runs lmsys.kernels.flash_gluon (Gluon: a TMA load warp, asynchronous wgmma under
-      the softmax) where `flash_gluon.usable` takes the inputs (Hopper, bf16/fp16, d 64/128, n_q == n_k a
-      multiple of its tiles, contiguous, or strided and copied where GLUON_COPY_MIN_KEYS says; triton
-      3.6); the tl forward elsewhere. Where it runs, the tl forward's levers (tma, warp_specialize,
-      persistent, and pick/configs for "fwd") do not apply. The Gluon one-launch backward runs there
-      too: from GLUON_BWD_MIN_KEYS keys with deterministic=None, at any length with False, never with True.
+      configs only (WARP_SPEC_MIN_WARPS; off where none fits).
+    warp_spec_with_tma: keep warp_specialize on where the forward's descriptors run (off: `tma` wins).
+    gluon: the forward runs lmsys.kernels.flash_gluon where `flash_gluon.usable` takes the inputs (Hopper,
+      bf16/fp16, d 64/128, n_q == n_k a multiple of its tiles, contiguous, or strided and copied from
+      `gluon_copy_min_keys` keys); the tl forward elsewhere. Where it runs, the tl forward's levers (tma,
+      warp_specialize, persistent, and pick/configs for "fwd") do not apply. The Gluon one-launch backward
+      runs there too: from `gluon_bwd_min_keys` keys with deterministic=None, at any length with False,
+      never with True.
+    gluon_bwd_min_keys: see deterministic.
+    gluon_copy_min_keys: ((head dim, keys), ...): from how many keys the forward copies strided q, k, v
+      for the Gluon forward at that head dim (never at head dims not listed).
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
-      (query tile, batch·head) work items, causal ones heaviest first across all heads (lever of issue 12).
-    ran: filled by the launchers: kernel name -> "BLOCK_M×BLOCK_N" of the config it last ran.
+      (query tile, batch·head) work items, causal ones heaviest first across all heads.
     """
 
     pick: int | None = None
-    configs: dict | None = None
+    configs: tuple | None = None
     deterministic: bool | None = None
     tma: bool = False
     tma_backward: bool = False
     warp_specialize: bool = False
     gluon: bool = False
     persistent: bool = False
-    ran: dict = field(default_factory=dict)
+    gluon_bwd_min_keys: int = 4096
+    gluon_copy_min_keys: tuple = ((128, 16384),)
+    tma_reduce_dq: bool = True
+    warp_spec_with_tma: bool = False
+    wide_configs: bool = False
+
+    def __post_init__(self):
+        for name in ("configs", "gluon_copy_min_keys"):  # dicts and lists kept as hashable pairs
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                value = value.items()
+            if value is not None and not isinstance(value, tuple):
+                value = tuple(value)
+            if value is not None:
+                value = tuple((key, tuple(v) if isinstance(v, list) else v) for key, v in value)
+            object.__setattr__(self, name, value)
+
+    def configs_for(self, kernel: str) -> list:
+        """The configs `pick` chooses from for `kernel`."""
+        if self.configs is not None:
+            return list(dict(self.configs)[kernel])
+        return WIDE_CONFIGS[kernel] + CONFIGS[kernel] if self.wide_configs else CONFIGS[kernel]
+
+    def gluon_copy_from(self, d: int) -> float:
+        """From how many keys strided inputs at head dim d are copied for the Gluon forward (inf: never)."""
+        return dict(self.gluon_copy_min_keys).get(d, math.inf)
 
 
-# What the levers default to; the lead flips them from measurements (docs/benchmarks/attention.md).
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
-# deterministic=None takes the Gluon one-launch backward from this many keys: measured 30 % faster at d 128
-# and 4 % at d 64, at 16,384 keys (H200, eighth session of 2026-12-01); shorter sequences are unmeasured,
-# and there its four launches (zeroed dQ, D, the kernel, the cast) against the tl kernels' two, and the
-# copies of strided inputs, weigh more.
-GLUON_BWD_MIN_KEYS = 4096
-# Per head dim, from how many keys the forward copies strided q, k, v (the model's views of one projection)
-# for the Gluon forward; elsewhere the tl forward reads them in place. Measured with
-# `scripts/gpu/gluon_attention.py --strided` (H200, ninth session of 2026-12-01; B·N = 65,536 tokens, 16
-# heads): at d 128 and 16,384 keys the copies + Gluon took 8.44-8.49 ms against the tl forward's 8.99-9.04;
-# at 8,192 a tie, shorter a loss (at 1,024: 1.83 against 0.84); at d 64 a loss at every length.
-GLUON_COPY_MIN_KEYS = {128: 16384}
+
+Ran = dict  # what a launch ran: kernel ("fwd", "dq", "dkdv", or "bwd" for the Gluon one launch) -> its tiles
 
 
 def default_policy() -> Policy:
-    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0.
-    A shallow copy with its own `ran`, made by hand: dataclasses.replace and copy.copy cost 5-10 µs,
-    paid on every attention call at launch-bound shapes."""
-    policy = object.__new__(Policy)
-    policy.__dict__.update(DEFAULT_POLICY.__dict__, ran={})
+    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0."""
     if os.environ.get("LMSYS_FLASH_AUTOTUNE") == "0":
-        policy.pick = 0
-    return policy
+        return _first_fit(DEFAULT_POLICY)
+    return DEFAULT_POLICY
+
+
+@functools.lru_cache(maxsize=8)
+def _first_fit(policy: Policy) -> Policy:
+    return replace(policy, pick=0)  # cached: replace costs µs on every attention call
 
 
 def _tuners() -> dict:
@@ -466,19 +454,19 @@ def _tuners() -> dict:
     return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
-def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor) -> None:
-    """Run `kernel` as `policy` says, and record the tiles it ran in policy.ran."""
+def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor) -> str:
+    """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N"."""
     tuner = _tuners()[kernel]
     if policy.pick is None:
-        if policy.configs is not None:
-            raise ValueError("Policy.configs needs a pick (the autotuner times CONFIGS only)")
+        if policy.configs is not None or policy.wide_configs:
+            raise ValueError("Policy.configs or wide_configs needs a pick (the autotuner times CONFIGS only)")
         tuner[grid](*args, **consts)
         config = tuner.best_config
     else:
-        fitting = _candidates(kernel, (policy.configs or CONFIGS)[kernel], consts, q)
+        fitting = _candidates(kernel, policy.configs_for(kernel), consts, q)
         config = fitting[policy.pick % len(fitting)]
         tuner.fn[grid](*args, **consts, **config.all_kwargs())
-    policy.ran[kernel] = f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
+    return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
 def _zero_atomic_dq(args: dict, reset_only: bool = False) -> None:
@@ -867,15 +855,6 @@ def _set_tma_allocator() -> None:
         triton.set_allocator(_tma_scratch)
 
 
-# With deterministic=False and tensor descriptors in the backward, dQ is accumulated by TMA reduce-adds
-# (descriptor atomic_add) on a GPU; Triton's interpreter has no reduce-add for descriptors, so under it the
-# element-wise atomics run. scripts/gpu/flash_levers.py turns this off to measure the two against each other.
-TMA_REDUCE_DQ = True
-# With descriptor loads, triton 3.6's warp-specialised forward (8 warps: WARP_SPEC_MIN_WARPS) runs no faster
-# than the descriptors alone on an H200 (scripts/gpu/ws_tma_probe.py, which sets this, config by config):
-# so `tma` turns `warp_specialize` off.
-WARP_SPEC_WITH_TMA = False
-
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
 
@@ -900,31 +879,18 @@ def _persistent_programs(device) -> int:
     return sm_count(device)
 
 
-def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32). k, v may have fewer heads than q (dim -3)."""
-    policy = policy or default_policy()
-    _check_inputs(q, k, v)
-    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
+def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
+    """The tl forward on [Z, H, n, d] inputs: (o4, lse [Z, H, n_q] float32, what ran)."""
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[2]
-    o4 = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
-    gluon = _gluon() if policy.gluon else None
-    if gluon is not None and n_k >= GLUON_COPY_MIN_KEYS.get(d, math.inf) and not gluon.usable(q4, k4, v4) \
-            and gluon.usable(q4, k4, v4, layout=False):
-        # TMA reads [rows, d] tiles: strided views (the model's q, k, v from one projection) are copied
-        # once where the Gluon forward then saves more than the copies cost
-        q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
-    if gluon is not None and gluon.usable(q4, k4, v4):
-        with _device_guard(q.device):
-            policy.ran["fwd"] = gluon.forward(q4, k4, v4, o4, lse, is_causal)
-        return o4.view(q.shape), lse.view(q.shape[:-1])
+    o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
+    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
     use_tma = _tma_usable(policy, q4, k4, v4)
-    if use_tma and q.device.type == "cuda":
+    if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
 
     persistent = bool(policy.persistent)
-    programs = _persistent_programs(q.device) if persistent else 0
+    programs = _persistent_programs(q4.device) if persistent else 0
 
     def grid(meta):
         if persistent:
@@ -933,49 +899,43 @@ def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = N
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
-    warp_spec = (bool(policy.warp_specialize) and (not use_tma or WARP_SPEC_WITH_TMA)
-                 and bool(warp_spec_configs((policy.configs or CONFIGS)["fwd"], d_pad=head_dim_pad(d),
-                                            elem=q.element_size(), smem=shared_memory(q.device))))
+    warp_spec = (bool(policy.warp_specialize) and (not use_tma or policy.warp_spec_with_tma)
+                 and bool(warp_spec_configs(policy.configs_for("fwd"), d_pad=head_dim_pad(d),
+                                            elem=q4.element_size(), smem=shared_memory(q4.device))))
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
+                  DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
                   PERSISTENT=persistent)
-    with _device_guard(q.device):
-        _launch("fwd", grid, args, consts, policy, q)
-    return o4.view(q.shape), lse.view(q.shape[:-1])
+    with _device_guard(q4.device):
+        tiles = _launch("fwd", grid, args, consts, policy, q4)
+    return o4, lse, {"fwd": tiles}
 
 
-def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
-    """(dq, dk, dv) in the inputs' dtypes, from the saved L and D = rowsum(dO ∘ O); dk, dv summed over
-    each key/value head's group of query heads."""
-    policy = policy or default_policy()
-    q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
+def _preprocess(o4, do4) -> torch.Tensor:
+    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], by itself (the one-launch backwards need all of it first)."""
+    Z, H, n_q, d = o4.shape
+    delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=o4.device)
+    block = 16 if INTERPRET else 64
+    _attn_bwd_preprocess[(_cdiv(n_q, block), H, Z)](o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q,
+                                                    HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=block)
+    return delta
+
+
+def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy):
+    """The tl backward on [Z, H, n, d] inputs: (dq4, dk4, dv4, what ran). Two atomics-free kernels (the dQ
+    kernel computes D on the way), or with deterministic=False one launch that adds dQ in float32."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
-    lse3 = lse.reshape(Z, H, n_q)
-    if lse3.stride() != (H * n_q, n_q, 1):
-        lse3 = lse3.contiguous()
-    delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
-    gluon = _gluon() if policy.gluon and policy.deterministic is not True else None
-    if gluon is not None and (policy.deterministic is False or n_k >= GLUON_BWD_MIN_KEYS) \
-            and gluon.usable_backward(q4, k4, v4, do4, layout=False):
-        # TMA reads [rows, d] tiles: strided views (the model's v from a split, dO from a rearrange's
-        # backward) are copied once, a fraction of what the one launch saves at these sizes
-        q4, k4, v4, do4 = (x.contiguous() for x in (q4, k4, v4, do4))
-        gluon = gluon if gluon.usable_backward(q4, k4, v4, do4) else None
-    else:
-        gluon = None
-    atomic = policy.deterministic is False or gluon is not None
-    dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q.dtype,
-                                                    device=q.device)
-    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k.dtype, device=q.device)
-    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v.dtype, device=q.device)
-    sm_scale, precision = 1.0 / math.sqrt(d), _dot_precision(q.dtype)
-    pre_block = 16 if INTERPRET else 64
+    atomic = policy.deterministic is False
+    dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q4.dtype,
+                                                    device=q4.device)
+    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
+    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
+    sm_scale = 1.0 / math.sqrt(d)
     use_tma = _tma_usable(policy, q4, k4, v4, do4, backward=True)
-    if use_tma and q.device.type == "cuda":
+    if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
-    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
-                  USE_TMA=use_tma)
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
+                  DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma)
     shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):
@@ -984,29 +944,111 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Poli
     def grid_queries(meta):
         return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
 
-    with _device_guard(q.device):
-        if atomic:  # D first, by itself: the one launch below needs all of it
-            _attn_bwd_preprocess[(_cdiv(n_q, pre_block), H, Z)](
-                o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q, HEAD_DIM=d,
-                HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=pre_block)
-        if gluon is not None:
-            dq = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
-            policy.ran["bwd"] = gluon.backward(q4, k4, v4, do4, lse3, delta, dq4, dq, dk4, dv4, is_causal)
-            policy.ran.pop("dq", None), policy.ran.pop("dkdv", None)  # what an earlier call ran
-            return dq.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
-        policy.ran.pop("bwd", None)
-        if not atomic:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
-            _launch("dq", grid_queries,
-                    (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
-                     *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes), consts,
-                    policy, q)
-        _launch("dkdv", grid_keys,
-                (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
-                 *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3],
-                 *shapes), {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": atomic and use_tma and TMA_REDUCE_DQ
-                            and q.device.type == "cuda" and not INTERPRET}, policy, q)
+    ran = {}
+    with _device_guard(q4.device):
+        if atomic:
+            delta = _preprocess(o4, do4)
+        else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
+            delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+            ran["dq"] = _launch("dq", grid_queries,
+                                (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
+                                 *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes),
+                                consts, policy, q4)
+        tma_dq = atomic and use_tma and policy.tma_reduce_dq and q4.device.type == "cuda" and not INTERPRET
+        ran["dkdv"] = _launch("dkdv", grid_keys,
+                              (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
+                               *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
+                               *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
+                              {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4)
     # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match
-    return dq4.to(q.dtype).view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+    return dq4.to(q4.dtype), dk4, dv4, ran
+
+
+def _gluon_forward(gluon, q4, k4, v4, is_causal: bool):
+    """flash_gluon's forward on inputs it took: (o4, lse, what ran)."""
+    Z, H, n_q, d = q4.shape
+    o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
+    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+    with _device_guard(q4.device):
+        tiles = gluon.forward(q4, k4, v4, o4, lse, is_causal)
+    return o4, lse, {"fwd": tiles}
+
+
+def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool):
+    """flash_gluon's one-launch backward on (contiguous) inputs it took: D first, then the kernel adds into a
+    zeroed float32 dQ that it casts into q's dtype. (dq4, dk4, dv4, what ran)."""
+    Z, H, n_q, d = q4.shape
+    H_kv, n_k = k4.shape[1], k4.shape[2]
+    dq32 = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q4.device)
+    dq = torch.empty(q4.shape, dtype=q4.dtype, device=q4.device)
+    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
+    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
+    with _device_guard(q4.device):
+        delta = _preprocess(o4, do4)
+        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal)
+    return dq, dk4, dv4, {"bwd": tiles}
+
+
+def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=None, lse3=None, do4=None):
+    """The one place that chooses between flash_gluon's kernels and the tl ones, and runs them on [Z, H, n, d]
+    inputs: ("fwd") (o4, lse, ran) or ("bwd") (dq4, dk4, dv4, ran). Gluon runs only where `policy.gluon` is
+    on and flash_gluon runs here (Hopper, its triton release); then the forward where `usable` takes the
+    inputs, strided views copied first from `policy.gluon_copy_min_keys` keys (TMA reads [rows, d] tiles:
+    the copies cost less than the Gluon forward saves only there), and the one-launch backward where
+    deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies."""
+    gluon = _gluon() if policy.gluon else None
+    n_k = k4.shape[2]
+    if direction == "fwd":
+        if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
+                and gluon.usable(q4, k4, v4, layout=False):
+            q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
+        if gluon is not None and gluon.usable(q4, k4, v4):
+            return _gluon_forward(gluon, q4, k4, v4, is_causal)
+        return _tl_forward(q4, k4, v4, is_causal, policy)
+    if gluon is not None and policy.deterministic is not True \
+            and (policy.deterministic is False or n_k >= policy.gluon_bwd_min_keys) \
+            and gluon.usable_backward(q4, k4, v4, do4, layout=False):
+        # the model's v from a split and dO from a rearrange's backward are strided: copied once, a fraction
+        # of what the one launch saves at these sizes
+        copies = tuple(x.contiguous() for x in (q4, k4, v4, do4))
+        if gluon.usable_backward(*copies):
+            cq, ck, cv, cdo = copies
+            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal)
+    return _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal, policy)
+
+
+def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None):
+    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32, what ran: {"fwd": tiles}). k, v may have fewer
+    heads than q (dim -3)."""
+    policy = policy or default_policy()
+    _check_inputs(q, k, v)
+    o4, lse, ran = _dispatch("fwd", policy, bool(is_causal), _as_4d(q), _as_4d(k), _as_4d(v))
+    return o4.view(q.shape), lse.view(q.shape[:-1]), ran
+
+
+def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
+    """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"} or {"bwd"} -> tiles), from the saved L;
+    dk, dv summed over each key/value head's group of query heads."""
+    policy = policy or default_policy()
+    q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
+    Z, H, n_q, _ = q4.shape
+    lse3 = lse.reshape(Z, H, n_q)
+    if lse3.stride() != (H * n_q, n_q, 1):
+        lse3 = lse3.contiguous()
+    dq4, dk4, dv4, ran = _dispatch("bwd", policy, bool(is_causal), q4, k4, v4, o4=o4, lse3=lse3, do4=do4)
+    return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape), ran
+
+
+def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32): launch_forward without what ran."""
+    o, lse, _ = launch_forward(q, k, v, is_causal, policy=policy)
+    return o, lse
+
+
+def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
+    """(dq, dk, dv): launch_backward without what ran."""
+    dq, dk, dv, _ = launch_backward(q, k, v, o, lse, do, is_causal, policy=policy)
+    return dq, dk, dv
 
 
 # ------------------------------------------------------------------------------ autograd.Function
@@ -1018,23 +1060,86 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     deterministic: None = the policy's (default_policy(): the fastest measured backward for the shape);
     True = the atomics-free backward (bitwise reproducible); False = the one-launch atomic backward.
-    Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else."""
+    Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else. What ran is
+    on the output's autograd node: `kernels_ran(o)`. Eager only (any policy); compiled code calls
+    `flash_attention`, the custom ops with the default policy."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, deterministic=None, policy=None):
         policy = policy or default_policy()
-        if deterministic is not None:
-            policy = replace(policy, deterministic=bool(deterministic))  # shares `ran` with the caller's
-        o, lse = flash_forward(q, k, v, bool(is_causal), policy=policy)
+        if deterministic is not None and policy.deterministic is not bool(deterministic):
+            policy = replace(policy, deterministic=bool(deterministic))
+        o, lse, ran = launch_forward(q, k, v, bool(is_causal), policy=policy)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.policy = bool(is_causal), policy
+        ctx.is_causal, ctx.policy, ctx.ran = bool(is_causal), policy, ran
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy)
+        dq, dk, dv, ran = launch_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy)
+        ctx.ran = {**ctx.ran, **ran}
         return dq, dk, dv, None, None, None
 
 
-flash_attention = FlashAttentionTriton.apply
+def kernels_ran(o: torch.Tensor) -> Ran:
+    """What FlashAttentionTriton.apply ran to compute `o`: {"fwd": tiles}, and once the backward ran, its
+    kernels too ("dq" and "dkdv", or "bwd" for the Gluon one launch)."""
+    ran = getattr(o.grad_fn, "ran", None)
+    if ran is None:
+        raise ValueError("kernels_ran needs the output of FlashAttentionTriton.apply on inputs that require grad")
+    return dict(ran)
+
+
+# ------------------------------------------------------------------------------------- custom ops
+# The forward and backward as torch.library custom ops (as flash-attention's interface registers its own):
+# torch.compile sees them as opaque calls with shapes from the fake implementations, so a compiled model
+# keeps one graph through its attention. They run the default policy.
+
+
+@torch.library.custom_op("lmsys::flash_fwd", mutates_args=())
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse, _ = launch_forward(q, k, v, is_causal)
+    return o, lse
+
+
+@_flash_fwd.register_fake
+def _flash_fwd_fake(q, k, v, is_causal):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("lmsys::flash_bwd", mutates_args=())
+def _flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+               lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, _ = launch_backward(q, k, v, o, lse, do, is_causal)
+    return dq, dk, dv
+
+
+@_flash_bwd.register_fake
+def _flash_bwd_fake(do, q, k, v, o, lse, is_causal):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_fwd_setup_context(ctx, inputs, output):
+    q, k, v, is_causal = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.is_causal = is_causal
+    ctx.mark_non_differentiable(lse)
+
+
+def _flash_fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, ctx.is_causal)
+    return dq, dk, dv, None
+
+
+_flash_fwd.register_autograd(_flash_fwd_backward, setup_context=_flash_fwd_setup_context)
+
+
+def flash_attention(q, k, v, is_causal: bool = False):
+    """softmax(q kᵀ/√d) v with the default policy: under torch.compile through the custom ops (no graph
+    break), eagerly through FlashAttentionTriton (the same kernels, without the ops' dispatch cost)."""
+    if torch.compiler.is_compiling():
+        return _flash_fwd(q, k, v, bool(is_causal))[0]
+    return FlashAttentionTriton.apply(q, k, v, is_causal)

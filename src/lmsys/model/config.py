@@ -1,4 +1,5 @@
-"""Model configuration and the named size presets (the CS336 table, plus `tiny` for CPUs)."""
+"""Model configuration, the named size presets (the CS336 table, plus `tiny` for CPUs), and how a
+command line resolves them: the default preset and context per device, a preset or YAML plus overrides."""
 
 from __future__ import annotations
 
@@ -72,6 +73,40 @@ PRESETS: dict[str, ModelConfig] = {
     "2.7b": ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
     "10b": ModelConfig(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
 }
+
+
+def default_size(device_type: str) -> str:
+    """`small` on a GPU; `tiny` on a CPU so that the quick start measures something real in seconds."""
+    return "small" if device_type == "cuda" else "tiny"
+
+
+def default_context_length(device_type: str) -> int:
+    """`ddp train`'s default context: the presets' 512 on GPUs, 128 for the gloo processes on a CPU."""
+    return 512 if device_type == "cuda" else 128
+
+
+def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | None = None,
+                    d_model: int | None = None, d_ff: int | None = None, layers: int | None = None,
+                    heads: int | None = None, attn_impl: str = "naive", model: str | None = None,
+                    model_kwargs: str = "") -> list[tuple[str, ModelConfig]]:
+    """Preset names (or YAML files) with the command-line overrides applied; all validated up front.
+    `model`: lmsys.model.user's name (lmsys, hf:NAME, pkg.module:Name), built with the preset's sizes."""
+    from lmsys.kernels.attention import check_impl
+    from lmsys.model.user import check_builds, with_model
+
+    check_impl(attn_impl)
+    if context_length < 1:
+        raise LmsysError(f"--context-length must be positive, got {context_length}")
+    out = []
+    for name in sizes:
+        cfg = get_config(name).with_overrides(
+            d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab_size,
+            context_length=context_length,
+        )
+        cfg = with_model(cfg.with_overrides(attn_impl=check_impl(attn_impl, d_head=cfg.d_head)), model, model_kwargs)
+        check_builds(cfg)
+        out.append((name, cfg))
+    return out
 
 
 def get_config(name: str) -> ModelConfig:

@@ -1,6 +1,6 @@
-"""Models by name: lmsys's TransformerLM, a user's `pkg.module:Name` / `file.py:Name` (a class or a
-factory), and Hugging Face's `hf:llama`, `hf:gpt2`, `hf:qwen2`, `hf:mistral` (random weights from the
-config class, nothing downloaded; needs the `[hf]` extra).
+"""Models by name (lmsys.train.build.build_model builds them): lmsys's TransformerLM, a user's
+`pkg.module:Name` / `file.py:Name` (a class or a factory), and Hugging Face's `hf:llama`, `hf:gpt2`,
+`hf:qwen2`, `hf:mistral` (random weights from the config class, nothing downloaded; needs the `[hf]` extra).
 
 A user's model is built with the preset's sizes passed by keyword to whichever of `SIZE_NAMES` its
 constructor takes (`--model-kwargs` adds or overrides), under `torch.device(device)`, and wrapped in
@@ -121,14 +121,11 @@ def _hf_model(name: str, config, kwargs: dict):
     return getattr(transformers, model_cls)(hf_config)
 
 
-def build_model(config, *, device):
-    """The model `config` names, on `device`: TransformerLM, or a user's / Hugging Face's wrapped in UserLM."""
+def build_user_model(config, *, device):
+    """The user's or Hugging Face's model `config.model` names, on `device`, wrapped in UserLM: the factory
+    lmsys.train.build.build_model uses for such a config (build through that, not this)."""
     import torch
 
-    if not is_user_model(config):
-        from lmsys.model.transformer import TransformerLM
-
-        return TransformerLM(config, device=device)
     kwargs = json.loads(config.model_kwargs) if config.model_kwargs else {}
     kwargs = {k: v for k, v in kwargs.items() if k not in SIZE_NAMES}  # with_model put those on config
     with torch.device(device):
@@ -199,8 +196,8 @@ def _meta_counts(config, seq_len: int) -> tuple[int, int, int, int]:
 
     from lmsys.core.flops import module_matmul_params
 
-    with torch.device("meta"):
-        model = build_model(config, device="meta")
+    with torch.device("meta"):  # the factory itself: no values, so nothing to seed (train.build is above)
+        model = build_user_model(config, device="meta")
     params = sum(p.numel() for p in model.parameters())
     blocks = find_blocks(model)
     layers = len(blocks) if blocks is not None else config.num_layers
@@ -209,8 +206,10 @@ def _meta_counts(config, seq_len: int) -> tuple[int, int, int, int]:
     return params, module_matmul_params(model), layers, d_model
 
 
-def count_parameters(config) -> int:
-    return _meta_counts(config, config.context_length)[0]
+def check_builds(config) -> None:
+    """A user's model built on the meta device now: a constructor that fails is one line before any work."""
+    if is_user_model(config):
+        _meta_counts(config, config.context_length)
 
 
 def model_flops(config, *, batch_size: int, seq_len: int, backward: bool) -> float:

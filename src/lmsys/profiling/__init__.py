@@ -6,5 +6,7 @@
 - `nsys_target`: the process nsys watches (`python -m lmsys.profiling.nsys_target SPEC`);
 - `torch_engine`: the same workload under torch.profiler;
 - `summary`: the tables both engines produce (ranges, top kernels/operators, attention split);
-- `memory`: the allocator's history, the snapshot pickle, and its offline PNG/tables.
+- `memory_capture`: the allocator's history around the phases of training steps (CUDA), the snapshot pickle;
+- `memory_analysis`: the snapshot replayed offline: peak per phase, the largest allocations;
+- `memory_plot`: the timeline PNG; `memory`: what `profile memory` runs and prints, from those three.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 def run(spec: dict) -> None:
     import torch
 
-    from lmsys.train.step import Workload, build_train_step, random_batch, run_step
+    from lmsys.train import Workload, build_train_step, random_batch, run_step
     from lmsys.core.devices import resolve_device
     from lmsys.core.timing import synchronize
     from lmsys.model.config import ModelConfig
@@ -32,13 +32,13 @@ def run(spec: dict) -> None:
 
     cuda = device.type == "cuda"  # (a CPU run does the same steps with no capture: for tests)
     for _ in range(spec["warmup"]):  # before the capture window; marked WARMUP for whole-run captures
-        run_step(step, inputs, targets, mode=mode, range_fn=lambda _phase: nvtx.range(WARMUP),
+        run_step(step, inputs, targets, mode=mode, range_fn=lambda _phase: nvtx.nvtx_range(WARMUP),
                  names=PROFILER_NAMES)
     synchronize(device)
     if cuda:
         torch.cuda.profiler.start()  # cudaProfilerStart: nsys starts recording here
     for _ in range(spec["steps"]):
-        run_step(step, inputs, targets, mode=mode, range_fn=lambda name: nvtx.range(name, synchronize=True),
+        run_step(step, inputs, targets, mode=mode, range_fn=lambda name: nvtx.nvtx_range(name, synchronize=True),
                  names=PROFILER_NAMES)
     synchronize(device)
     if cuda:

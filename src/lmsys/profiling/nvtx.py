@@ -1,23 +1,21 @@
 """NVTX ranges for Nsight Systems, and the attention implementation that marks its three parts.
 
-`range(name)` is a context manager and a decorator. It pushes an NVTX range when CUDA is available and
+`nvtx_range(name)` is a context manager and a decorator. It pushes an NVTX range when CUDA is available and
 does nothing otherwise (torch's CPU builds have no NVTX). With `synchronize=True` it waits for the GPU
 before popping, so the range's host-side duration (what `nsys stats --report nvtx_sum` reports) covers
 the GPU work queued inside it, not just the launches.
 
-`annotated_attention` is the naive attention (softmax(q kᵀ/√d) v, causal top-left aligned, like
-`lmsys.kernels.attention.naive_attention`) with its parts marked ATTN_QK_MATMUL (scores and scale),
-ATTN_SOFTMAX (causal mask and softmax) and ATTN_AV_MATMUL. Each part is marked twice: an NVTX range
+`annotated_attention` is `lmsys.kernels.attention.naive_attention` (softmax(q kᵀ/√d) v, causal top-left
+aligned) with its parts marked ATTN_QK_MATMUL (scores and scale), ATTN_SOFTMAX (causal mask and
+softmax) and ATTN_AV_MATMUL. Each part is marked twice: an NVTX range
 (seen by nsys) and a `torch.profiler.record_function` (seen by torch.profiler), so either engine sees
 the split. Importing this module registers it, and the model reaches it by name:
-`ModelConfig(attn_impl="annotated")`. Only the forward is
-marked: autograd runs the backward outside these ranges.
+`ModelConfig(attn_impl="annotated")`. Only the forward is marked: autograd runs the backward outside these ranges.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from functools import lru_cache
 
 from lmsys.kernels.registry import register
@@ -38,8 +36,8 @@ def nvtx_available() -> bool:
     return torch.cuda.is_available()
 
 
-class range(contextlib.ContextDecorator):  # noqa: A001 - mirrors torch.cuda.nvtx.range
-    """`with range("FWD_STEP"): ...` or `@range("load")`: one NVTX push/pop (no-op without CUDA)."""
+class nvtx_range(contextlib.ContextDecorator):
+    """`with nvtx_range("FWD_STEP"): ...` or `@nvtx_range("load")`: one NVTX push/pop (no-op without CUDA)."""
 
     def __init__(self, name: str, *, synchronize: bool = False):
         self.name = name
@@ -70,22 +68,20 @@ def mark(name: str):
     """NVTX range (for nsys) and record_function (for torch.profiler) around the same code."""
     from torch.profiler import record_function
 
-    with range(name), record_function(name):
+    with nvtx_range(name), record_function(name):
         yield
+
+
+PARTS = {"qk": ATTN_QK_MATMUL, "softmax": ATTN_SOFTMAX, "av": ATTN_AV_MATMUL}  # naive_attention's parts
+
+
+def _mark_part(part: str):
+    return mark(PARTS[part])
 
 
 @register("annotated")
 def annotated_attention(q, k, v, is_causal: bool = False):
-    """softmax(q kᵀ / √d) v with its parts marked. q [..., n_q, d], k and v [..., n_k, d]."""
-    import torch
+    """naive_attention with its parts marked. q [..., n_q, d], k and v [..., n_k, d]."""
+    from lmsys.kernels.attention import naive_attention
 
-    with mark(ATTN_QK_MATMUL):
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))  # [..., n_q, n_k]
-    with mark(ATTN_SOFTMAX):
-        if is_causal:  # query i sees keys j <= i (top-left aligned, as SDPA's is_causal)
-            n_q, n_k = q.shape[-2], k.shape[-2]
-            keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    with mark(ATTN_AV_MATMUL):
-        return probs @ v
+    return naive_attention(q, k, v, is_causal, mark=_mark_part)

@@ -1,6 +1,6 @@
 """The phases every profiler marks.
 
-The step runner (`lmsys.train.step.run_step`) knows nothing of who watches it. The profilers pass a
+The step runner (`lmsys.train.run_step`) knows nothing of who watches it. The profilers pass a
 `range_fn(name) -> context manager` (NVTX ranges for nsys, record_function for torch.profiler,
 allocator markers for the memory profiler) and PROFILER_NAMES, which names the three phases and puts no
 range around the whole step. Warm-up steps run under WARMUP (or outside any capture).

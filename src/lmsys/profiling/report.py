@@ -38,7 +38,7 @@ def profile_step(engine: str, nsys_path: str | None, config, device, *, batch_si
                                 warmup=warmup, steps=steps, device=str(device), out_dir=out_dir, name=name,
                                 trace=trace, extra=extra)
     from lmsys.profiling import torch_engine
-    from lmsys.train.step import Workload
+    from lmsys.train import Workload
 
     return torch_engine.profile_e2e(Workload(config, batch_size=batch_size, dtype=dtype), device, mode=mode,
                                     warmup=warmup, steps=steps, out_dir=out_dir, name=name)

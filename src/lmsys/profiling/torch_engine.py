@@ -18,6 +18,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from lmsys.core.files import atomic_output
 from lmsys.profiling.nvtx import ATTENTION_RANGES
 from lmsys.profiling.phases import PROFILER_NAMES, STEP_RANGES, WARMUP
 from lmsys.profiling.summary import RangeTime, Timed, TimeProfile, aggregate
@@ -30,7 +31,7 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from lmsys.train.step import build_train_step, random_batch, run_step
+    from lmsys.train import build_train_step, random_batch, run_step
     from lmsys.core.timing import synchronize
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -50,7 +51,8 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
     collected: dict = {}
 
     def ready(prof) -> None:
-        prof.export_chrome_trace(str(trace_path))
+        with atomic_output(trace_path, what="--out-dir") as tmp:  # an interrupt leaves no partial trace
+            prof.export_chrome_trace(str(tmp))
         collected["events"] = list(prof.events())
 
     with warnings.catch_warnings(), without_usdt_lines():

@@ -1,5 +1,5 @@
-"""The collective benchmarks behind `lmsys comm all-reduce|all-gather|reduce-scatter|broadcast`, run on
-every rank of a group (see launch.py); and the flat all-gather / reduce-scatter that ZeRO and FSDP use.
+"""The collective benchmarks behind `lmsys comm all-reduce|all-gather|reduce-scatter|broadcast|send-recv`, run
+on every rank of a group (lmsys.distributed.launch); the flat calls themselves are lmsys.distributed.primitives.
 
 One function measures every collective (`collective_job`, parameterised by its name). Per message size:
 one correctness round (each rank contributes a known pattern; the result must be what the collective
@@ -11,13 +11,10 @@ slowest rank is); rows report the median and mean of those maxima.
 
 The size of a row is the full buffer, as in nccl-tests: the gathered output of an all-gather, the
 input of a reduce-scatter (both rounded down to a multiple of the world size, each rank's part
-bytes / n), the one buffer of an all-reduce or broadcast. Bandwidths follow nccl-tests (PERFORMANCE.md):
-    algbw = bytes / time
-    busbw = algbw · factor,   factor = 2(n−1)/n  all-reduce
-                                        (n−1)/n  all-gather, reduce-scatter
-                                        1        broadcast
-(the fraction of the buffer that crosses each rank's link), so busbw compares across collectives and
-world sizes and with the link's peak.
+bytes / n), the one buffer of an all-reduce or broadcast, what each rank sends (and receives) in a
+send-recv. send-recv pairs ranks 0↔1, 2↔3, ... (an even world size), each pair sending both ways at once. Bandwidths follow nccl-tests (PERFORMANCE.md):
+algbw = bytes / time, busbw = algbw · BUS_FACTORS[collective] (the fraction of the buffer that crosses
+each rank's link), so busbw compares across collectives and world sizes and with the link's peak.
 
 With `baseline`, a second row per size times a bare torch.distributed loop, as one would write it by
 hand: `iters` back-to-back collectives between two synchronisations, time / iters.
@@ -35,26 +32,48 @@ import torch
 import torch.distributed as dist
 
 from lmsys.core.devices import environment, torch_dtype
+from lmsys.core.errors import LmsysError
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
+from lmsys.distributed.primitives import ALL_GATHER_OP, REDUCE_SCATTER_OP, all_gather_flat, reduce_scatter_flat
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 BROADCAST_SRC = 0
 _CHUNK = 1 << 24  # elements per step when filling/checking large buffers (bounds temporary memory)
 _PATTERN = 5  # rank r contributes (i mod 5) + r at index i: small integers, exact in fp16/bf16
 
 
+# busbw / algbw per collective on n ranks, as nccl-tests defines it (PERFORMANCE.md): the formula as
+# printed under a table, and its value.
+BUS_FACTORS: dict[str, tuple[str, Callable[[int], float]]] = {
+    "all-reduce": ("2(n−1)/n", lambda n: 2 * (n - 1) / n),
+    "all-gather": ("(n−1)/n", lambda n: (n - 1) / n),
+    "reduce-scatter": ("(n−1)/n", lambda n: (n - 1) / n),
+    "broadcast": ("1", lambda n: 1.0),
+    "send-recv": ("1", lambda n: 1.0),  # sendrecv_perf: each rank's send buffer crosses its link once
+}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+POINT_TO_POINT = ("send-recv",)
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """busbw / algbw for `collective` on n ranks (BUS_FACTORS)."""
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"unknown collective {collective!r}")
+    return BUS_FACTORS[collective][1](n)
+
 
 def collective_notes(collective: str, *, baseline: bool) -> list[str]:
     """The notes under a `comm` table: the bandwidth convention of `collective`, what `correct` and `op` mean."""
-    factor = {"all-reduce": "2(n−1)/n", "all-gather": "(n−1)/n", "reduce-scatter": "(n−1)/n", "broadcast": "1"}
-    notes = [f"algbw = bytes / median time; busbw = algbw · {factor[collective]} (nccl-tests convention for "
+    notes = [f"algbw = bytes / median time; busbw = algbw · {BUS_FACTORS[collective][0]} (nccl-tests convention for "
              f"{collective}). GB/s = 10^9 bytes/s."]
     if collective in ("all-gather", "reduce-scatter"):
         notes.append("bytes: the full buffer (all ranks' parts together), rounded down to a multiple of the "
                      "world size; each rank sends or receives bytes / n of it.")
     if collective == "broadcast":
         notes.append(f"broadcast from rank {BROADCAST_SRC}.")
+    if collective == "send-recv":
+        notes.append("bytes: what each rank sends to its peer (and receives from it) per round; ranks paired "
+                     "0↔1, 2↔3, ..., both directions at once (nccl-tests sendrecv_perf).")
     notes.append("correct: every rank's result equals what the collective must produce from known inputs. "
                  "op: the torch.distributed call that ran (a fallback where the backend lacks the preferred one).")
     if baseline:
@@ -62,44 +81,19 @@ def collective_notes(collective: str, *, baseline: bool) -> list[str]:
     return notes
 
 
-def bus_factor(collective: str, n: int) -> float:
-    """busbw / algbw for `collective` on n ranks (nccl-tests PERFORMANCE.md)."""
-    if collective == "all-reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all-gather", "reduce-scatter"):
-        return (n - 1) / n
-    if collective == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
-
-
-# ------------------------------------------------------------------------ flat collectives (ZeRO, FSDP)
-
-
-def all_gather_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
-    """output (n·k elements) <- every rank's input (k elements), in rank order. torch ≥ 2.13 names it
-    all_gather_single (all_gather_into_tensor is deprecated there); older torch only has the latter."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, async_op=async_op)
-
-
-def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
-    """output (k elements) <- the sum over ranks of this rank's k-element chunk of input (n·k)."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, async_op=async_op)
-
-
 # ------------------------------------------------------------------------------------------ benchmark
 
 
 @dataclass
 class Buffers:
-    """What one collective reads and writes; `inp is out` for all-reduce and broadcast (in place)."""
+    """What one collective reads and writes; `inp is out` for all-reduce and broadcast (in place); `peer`:
+    the rank a send-recv exchanges with."""
 
     collective: str
     inp: torch.Tensor
     out: torch.Tensor
     world_size: int
+    peer: int | None = None
 
     @property
     def chunk(self) -> int:  # each rank's part of the full buffer
@@ -110,10 +104,18 @@ class Buffers:
         return self.inp.numel() if self.collective == "reduce-scatter" else self.out.numel()
 
 
-def make_buffers(collective: str, *, numel: int, world_size: int, dtype: torch.dtype, device) -> Buffers:
+def send_recv_peer(rank: int) -> int:
+    """The rank `rank` exchanges with in a send-recv: 0↔1, 2↔3, ..."""
+    return rank ^ 1
+
+
+def make_buffers(collective: str, *, numel: int, world_size: int, dtype: torch.dtype, device,
+                 rank: int = 0) -> Buffers:
     """Buffers whose full size is `numel` elements (a multiple of world_size for all-gather and
-    reduce-scatter)."""
+    reduce-scatter; for send-recv, what `rank` sends)."""
     full = torch.empty(numel, dtype=dtype, device=device)
+    if collective == "send-recv":
+        return Buffers(collective, full, torch.empty_like(full), world_size, peer=send_recv_peer(rank))
     if collective == "all-gather":
         return Buffers(collective, torch.empty(numel // world_size, dtype=dtype, device=device), full, world_size)
     if collective == "reduce-scatter":
@@ -131,23 +133,34 @@ def _all_reduce_then_copy(b: Buffers):
     b.out.copy_(b.inp[rank * b.chunk:(rank + 1) * b.chunk])
 
 
-# the names of the single-tensor calls that all_gather_flat / reduce_scatter_flat make on this torch
-_AG = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-_RS = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+def _batch_send_recv(b: Buffers):
+    ops = [dist.P2POp(dist.isend, b.inp, b.peer), dist.P2POp(dist.irecv, b.out, b.peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def _isend_irecv(b: Buffers):
+    for work in (dist.isend(b.inp, b.peer), dist.irecv(b.out, b.peer)):
+        work.wait()
+
+
 # op name (the `op` column) -> how it runs; per collective, the preferred op first, then fallbacks
 OPS: dict[str, Callable[[Buffers], object]] = {
     "all_reduce": lambda b: dist.all_reduce(b.out),
-    _AG: lambda b: all_gather_flat(b.out, b.inp),
+    ALL_GATHER_OP: lambda b: all_gather_flat(b.out, b.inp),
     "all_gather (list)": _list_all_gather,
-    _RS: lambda b: reduce_scatter_flat(b.out, b.inp),
+    REDUCE_SCATTER_OP: lambda b: reduce_scatter_flat(b.out, b.inp),
     "all_reduce + copy (no reduce_scatter)": _all_reduce_then_copy,
     "broadcast": lambda b: dist.broadcast(b.out, src=BROADCAST_SRC),
+    "batch_isend_irecv": _batch_send_recv,
+    "isend + irecv": _isend_irecv,
 }
 CANDIDATES = {
     "all-reduce": ("all_reduce",),
-    "all-gather": (_AG, "all_gather (list)"),
-    "reduce-scatter": (_RS, "all_reduce + copy (no reduce_scatter)"),
+    "all-gather": (ALL_GATHER_OP, "all_gather (list)"),
+    "reduce-scatter": (REDUCE_SCATTER_OP, "all_reduce + copy (no reduce_scatter)"),
     "broadcast": ("broadcast",),
+    "send-recv": ("batch_isend_irecv", "isend + irecv"),
 }
 
 
@@ -159,6 +172,8 @@ def _unsupported(exc: BaseException) -> bool:
 def collective_job(ctx: RankContext, *, collective: str, sizes: list[int], labels: list[str], dtype: str,
                    warmup: int, iters: int, baseline: bool) -> dict:
     """Rows for every size on this group (meaningful on rank 0), plus the run's environment."""
+    if collective == "send-recv" and ctx.world_size % 2:
+        raise LmsysError(f"send-recv pairs ranks 0-1, 2-3, ...: the world size must be even, got {ctx.world_size}")
     rows = []
     for nbytes, label in zip(sizes, labels):
         rows += measure_collective(ctx, collective, nbytes=nbytes, label=label, dtype=dtype, warmup=warmup,
@@ -177,8 +192,8 @@ def measure_collective(ctx: RankContext, collective: str, *, nbytes: int, label:
     numel = max(1, nbytes // torch.tensor([], dtype=dt).element_size())
     if collective in ("all-gather", "reduce-scatter"):
         numel = max(n, numel // n * n)  # each rank's part is numel / n
-    bufs = make_buffers(collective, numel=numel, world_size=n, dtype=dt, device=ctx.device)
-    nbytes = numel * bufs.out.element_size()  # what is really measured (the full buffer)
+    bufs = make_buffers(collective, numel=numel, world_size=n, dtype=dt, device=ctx.device, rank=ctx.rank)
+    nbytes = numel * bufs.out.element_size()  # what is really measured (the full buffer; send-recv: one send)
 
     op_name, correct = None, None
     for name in CANDIDATES[collective]:  # the first op this backend runs
@@ -271,6 +286,8 @@ def _expected(b: Buffers, idx: torch.Tensor) -> torch.Tensor:
         return n * (idx % _PATTERN) + n * (n - 1) // 2
     if b.collective == "all-gather":  # index i comes from rank i // chunk
         return idx % _PATTERN + idx // b.chunk
+    if b.collective == "send-recv":  # the peer's input
+        return idx % _PATTERN + b.peer
     return idx % _PATTERN + BROADCAST_SRC  # broadcast: the source's values everywhere
 
 

@@ -1,0 +1,142 @@
+"""The GPU table (peaks, memory, links) as data, looked up by the name torch reports, and the one MFU helper.
+
+Peaks are dense (no 2:4 sparsity): where a datasheet prints only the sparse figure (marked * there), the
+dense one is half of it. Bandwidths are the datasheet's: HBM one way; NVLink the total of both directions
+per GPU (the time model in lmsys.plan halves it); network the line rate of the NICs one GPU owns in the
+vendor's 8-GPU system, one way. A GPU not in the table is refused, never guessed (issue 30 item 2).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from lmsys.core.errors import LmsysError
+
+# The sources every figure below comes from (one per part and kind of figure).
+A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020) / A100 datasheet (2021)"
+DGX_A100 = "NVIDIA DGX A100 datasheet (2020): 8x ConnectX-6 HDR 200 Gb/s, one per GPU"
+H100_WP = "NVIDIA H100 Tensor Core GPU datasheet (2023) / Hopper architecture whitepaper (2022)"
+DGX_H100 = "NVIDIA DGX H100 datasheet (2023): 8x ConnectX-7 400 Gb/s, one per GPU"
+H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (2024)"
+DGX_H200 = "NVIDIA DGX H200 datasheet (2024): 8x ConnectX-7 400 Gb/s, one per GPU"
+B200_DS = "NVIDIA HGX B200 specifications (2024), 8-GPU figures / 8, sparse / 2"
+DGX_B200 = "NVIDIA DGX B200 datasheet (2024): 8x ConnectX-7 400 Gb/s, one per GPU"
+PCIE_NET = "no vendor system: network not specified (give it in --cluster)"
+
+DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One part. TFLOP/s dense; GB = 1e9 bytes; GB/s = 1e9 bytes/s."""
+
+    name: str
+    patterns: tuple[str, ...]  # every one must occur in torch's device name (lower case)
+    bf16: float
+    fp16: float
+    tf32: float
+    fp32: float
+    fp8: float | None
+    hbm_GB: float
+    hbm_GBps: float
+    nvlink_GBps: float  # per GPU, both directions added (datasheet); 0: none
+    nvlink_gpus: int  # GPUs one NVLink domain joins (8: NVSwitch board; 2: a bridge pair)
+    pcie_GBps: float  # per GPU, both directions added
+    network_GBps: float | None  # per GPU, one direction (None: not specified)
+    sources: dict[str, str] = field(default_factory=dict)  # compute / memory / links / network -> source
+    exclude: tuple[str, ...] = ()  # none may occur (a GB200's B200 is another part)
+
+    def peak(self, dtype: str) -> float | None:
+        return getattr(self, dtype)
+
+
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("B200", ("b200",), bf16=2250.0, fp16=2250.0, tf32=1125.0, fp32=75.0, fp8=4500.0,
+        hbm_GB=180.0, hbm_GBps=8000.0, nvlink_GBps=1800.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
+        sources={"compute": B200_DS, "memory": B200_DS, "links": B200_DS, "network": DGX_B200}, exclude=("gb200",)),
+    GPU("H200 NVL", ("h200", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
+        hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=4, pcie_GBps=128.0, network_GBps=None,
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": PCIE_NET}),
+    GPU("H200 SXM", ("h200",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
+        hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": DGX_H200}),
+    GPU("H100 NVL", ("h100", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
+        hbm_GB=94.0, hbm_GBps=3900.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}),
+    GPU("H100 PCIe", ("h100", "pcie"), bf16=756.5, fp16=756.5, tf32=378.0, fp32=51.0, fp8=1513.0,
+        hbm_GB=80.0, hbm_GBps=2000.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}),
+    GPU("H100 SXM", ("h100",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
+        hbm_GB=80.0, hbm_GBps=3350.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": DGX_H100}),
+    GPU("A100 80GB PCIe", ("a100", "pcie", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
+        hbm_GB=80.0, hbm_GBps=1935.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}),
+    GPU("A100 40GB PCIe", ("a100", "pcie"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
+        hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}),
+    GPU("A100 80GB SXM", ("a100", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
+        hbm_GB=80.0, hbm_GBps=2039.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}),
+    GPU("A100 40GB SXM", ("a100",), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
+        hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}),
+)}
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def find_gpu(name: str | None) -> GPU | None:
+    """The table's entry for a device name as torch reports it ('NVIDIA H100 80GB HBM3'), or a table
+    name ('H100 SXM', 'h100-sxm'); None when nothing matches. Entries are tried most specific first."""
+    if not name:
+        return None
+    key = _key(name)
+    for gpu in GPUS.values():
+        if key == _key(gpu.name):
+            return gpu
+    for gpu in GPUS.values():
+        if all(p in key for p in gpu.patterns) and not any(x in key for x in gpu.exclude):
+            return gpu
+    return None
+
+
+def get_gpu(name: str, *, option: str = "--gpu") -> GPU:
+    """find_gpu, or the one-line refusal that lists the known parts."""
+    gpu = find_gpu(name)
+    if gpu is None:
+        raise LmsysError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or give its figures with {option})")
+    return gpu
+
+
+def mfu_peak(device_name: str | None, dtype: str, *, tf32: bool = False,
+             option: str = "--peak-tflops") -> tuple[float, str]:
+    """(dense peak TFLOP/s, label) for MFU on the GPU called `device_name` in `dtype` (fp32 with TF32 on:
+    the TF32 rate). The label names the part, the rate and its source, for a report's header. A GPU the
+    table does not know, or a dtype it has no peak for, is a one-line error naming `option`."""
+    if dtype not in DTYPES:
+        raise LmsysError(f"no peak for dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    gpu = find_gpu(device_name)
+    if gpu is None:
+        raise LmsysError(f"no peak TFLOP/s for GPU {device_name!r}; known: {', '.join(GPUS)}; "
+                         f"give the peak with {option}")
+    rate_dtype = "tf32" if (dtype == "fp32" and tf32) else dtype
+    peak = gpu.peak(rate_dtype)
+    if peak is None:
+        raise LmsysError(f"{gpu.name} has no {rate_dtype} tensor-core rate; give the peak with {option}")
+    return peak, peak_label(gpu.name, rate_dtype, peak)
+
+
+def peak_label(part: str, dtype: str, tflops: float) -> str:
+    return f"{part} dense {dtype} {tflops:g} TFLOP/s"
+
+
+def mfu(flops: float, ms: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: flops done in `ms` over the peak (TFLOP/s of all GPUs that did them)."""
+    from lmsys.core.flops import mfu as _mfu  # the one formula, kept where its callers import it
+
+    return _mfu(flops, ms, peak_tflops)

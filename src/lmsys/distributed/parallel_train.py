@@ -1,0 +1,176 @@
+"""The run behind `lmsys parallel train`: each mesh on the same model, data and numerics, against one process.
+
+On every rank of the group, `parallel_job` runs, per mesh: build the full model from the seed,
+`parallelize` it (TP -> PP -> DP), train `warmup + steps` steps on this dp rank's slice of the global
+batches (`BatchSource` of `ddp train`), time the timed steps, then gather the shards on rank 0 and compare
+the loss and every parameter with one process trained on the full global batch (`single_process_run`).
+
+Rows: impl, mesh, schedule, ms/step (median), tokens/s (all ranks), MFU, peak memory and parameters per
+rank (max over ranks), bubble % (idle over step time on the busiest stage, median step) beside the
+ideal, activation MiB the schedule held (max over ranks), |Δloss| and max|Δθ| against the reference.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
+from lmsys.core.parsing import MiB
+from lmsys.core.timing import synchronize
+from lmsys.distributed.launch import RankContext, barrier
+from lmsys.distributed.mesh import build_mesh, parse_mesh
+from lmsys.distributed.pipeline import ideal_bubble
+from lmsys.distributed.train import BatchSource, _to, mfu_percent
+from lmsys.model import describe
+from lmsys.model.config import get_config
+from lmsys.train import TrainStep, build_model, run_step
+from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
+
+ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
+            "params/rank", "bubble %", "ideal bubble %", "act MiB held", "loss", "|Δloss|", "parity max|Δθ|",
+            "status")
+
+
+def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
+                 pp_schedule: str, virtual_stages: int, microbatches: int, size: str, context_length: int,
+                 batch_size: int, dtype: str, steps: int, warmup: int, seed: int = 0) -> dict:
+    config = get_config(size).with_overrides(context_length=context_length)
+    total = warmup + steps
+    references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
+    rows, notes = [], []
+    for text in meshes:
+        spec = parse_mesh(text)
+        global_batch = batch_size * spec.dp
+        source = BatchSource(vocab_size=config.vocab_size, seq_len=context_length, global_batch=global_batch, seed=seed)
+        if ctx.is_main and global_batch not in references:
+            references[global_batch] = reference_run(ctx, config, source, dtype=dtype, warmup=warmup, total=total,
+                                                     seed=seed)
+        barrier(ctx)
+        for impl in impls:
+            row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
+                           sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                           virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
+                           total=total, seed=seed, reference=references.get(global_batch) if ctx.is_main else None)
+            if ctx.is_main:
+                rows.append(row)
+            barrier(ctx)
+    meta = environment(ctx.device)
+    meta["model"] = f"{size}: {describe(config)}"
+    return {"rows": rows, "meta": meta, "notes": notes}
+
+
+def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
+    """(losses per step, parameters) of one process on the full global batch."""
+    batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
+    model = build_model(config, device=ctx.device, seed=seed)
+    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
+    step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
+    losses = [run_step(step, *b).item() for b in batches]
+    params = {name: p.detach().float().cpu().clone() for name, p in model.named_parameters()}
+    del batches
+    return losses, params
+
+
+def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
+             microbatches, dtype, warmup, total, seed, reference) -> dict:
+    from lmsys.distributed.parallelize import HAND_WRITTEN_DP, parallelize
+    from lmsys.distributed.torch_parallel import TorchParallelModel, local_numel, not_composable
+
+    schedule_label = pp_schedule + (f", V={virtual_stages}" if pp_schedule == "interleaved-1f1b" else "") + \
+        f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "")
+    if impl == "torch" and (why := not_composable(spec, dp_strategy)) is not None:
+        return _status_row("torch", spec, dp_strategy, schedule_label, why)
+    if impl == "lmsys" and spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
+        return _status_row("lmsys", spec, dp_strategy, schedule_label,
+                           f"not run: {dp_strategy} is torch's wrapper, composed with torch's TP/PP in the "
+                           f"--impl torch row; lmsys rows run bucketed or fsdp")
+    mesh = build_mesh(spec, device_type=ctx.device.type)
+    coords = spec.coords(ctx.rank)
+    reset_peak_memory(ctx.device)
+    model = build_model(config, device=ctx.device, seed=seed)
+    shapes = {name: p.shape for name, p in model.named_parameters()}
+    b = source.global_batch // spec.dp
+    if impl == "torch":
+        pm = TorchParallelModel(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                                virtual_stages=virtual_stages, microbatches=microbatches, dp_strategy=dp_strategy,
+                                device=ctx.device)
+    else:
+        pm = parallelize(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
+                         virtual_stages=virtual_stages, microbatches=microbatches,
+                         tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy)
+    del model
+    optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR)
+    autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
+    autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
+    wall, busy, acts, losses = [], [], [], []
+    for i in range(total):
+        inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(ctx.device)
+        t0 = time.perf_counter()
+        res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device)
+        optimizer.step()
+        synchronize(ctx.device)
+        losses.append(None if res.loss is None else float(res.loss))
+        if i >= warmup:
+            wall.append(time.perf_counter() - t0)
+            busy.append(res.busy_s)
+            acts.append(res.peak_activation_bytes)
+    # the loss lives on the last stage (the same on its tp ranks): the mean over dp ranks -> rank 0
+    last_loss = torch.zeros(total, dtype=torch.float64)
+    if coords["pp"] == spec.pp - 1 and coords["tp"] == 0:
+        last_loss = torch.tensor([float(x) for x in losses], dtype=torch.float64) / spec.dp
+    dist.all_reduce(last_loss)
+    # per-rank facts -> rank 0
+    peak = peak_memory(ctx.device)
+    n_params = sum(local_numel(p) for p in pm.parameters())
+    step_ms = statistics.median(wall) * 1e3
+    measured = busy[0] is not None  # torch's schedules do not report their compute time
+    idle = [(w - bz) / w for w, bz in zip(wall, busy)] if measured else [0.0]
+    mine = dict(busy=statistics.median(busy) if measured else 0.0, idle=statistics.median(idle),
+                act=max(acts) if measured else None, peak=peak, params=n_params, ms=step_ms)
+    facts = [None] * ctx.world_size
+    dist.all_gather_object(facts, mine)
+    full = pm.full_parameters(shapes)
+    del pm, optimizer
+    if not ctx.is_main:
+        return {}
+    busiest = max(facts, key=lambda f: f["busy"])
+    ms = max(f["ms"] for f in facts)
+    tokens = source.global_batch * config.context_length
+    row = dict.fromkeys(ROW_KEYS)
+    peaks = [f["peak"] for f in facts if f["peak"] is not None]
+    row.update({
+        "impl": impl, "mesh": spec.label, "dp strategy": dp_strategy if spec.dp > 1 else "-",
+        "schedule": schedule_label if spec.pp > 1 or microbatches > 1 else ("SP" if sequence_parallel and spec.tp > 1 else "-"),
+        "ms/step": ms,
+        "tokens/s": tokens / (ms * 1e-3),  # the global batch's tokens per step / step time
+        "MFU %": mfu_percent(config, tokens=tokens, step_ms=ms, device=ctx.device, dtype=dtype,
+                             processes=ctx.world_size),
+        "peak MiB/rank": max(peaks) / MiB if peaks else None,
+        "params/rank": max(f["params"] for f in facts),
+        # idle over step time on the stage with the most compute (the one that sets the pace)
+        "bubble %": 100 * busiest["idle"] if spec.pp > 1 and measured else None,
+        "ideal bubble %": 100 * ideal_bubble(pp_schedule, pp=spec.pp, microbatches=microbatches,
+                                             virtual_stages=virtual_stages) if spec.pp > 1 else None,
+        "act MiB held": max(f["act"] for f in facts) / MiB if measured else None,
+        "loss": float(last_loss[-1]),
+        "status": "ok",
+    })
+    if reference is not None:
+        ref_losses, ref_params = reference
+        row["|Δloss|"] = max(abs(a - b) for a, b in zip(last_loss.tolist(), ref_losses))
+        row["parity max|Δθ|"] = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
+    return row
+
+
+def _status_row(impl: str, spec, dp_strategy: str, schedule: str, status: str) -> dict:
+    row = dict.fromkeys(ROW_KEYS)
+    row.update({"impl": impl, "mesh": spec.label, "dp strategy": dp_strategy, "schedule": schedule, "status": status})
+    return row
+

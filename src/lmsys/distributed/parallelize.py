@@ -1,0 +1,134 @@
+"""`parallelize(model, mesh, ...)`: tensor parallelism -> pipeline stages -> data parallelism over the
+mesh's dp dim, applied to a TransformerLM from outside, in that fixed order (picotron's and torchtitan's).
+
+The result, a `ParallelModel`, trains with `train_step(inputs, targets)`: this dp rank's batch is split
+into microbatches, run through the pipeline schedule (pp = 1 is one stage: plain gradient accumulation),
+and the gradients are averaged over the dp group before the optimizer. Data parallelism is lmsys's
+BucketedDDP on the dp group, its buckets launched during the last microbatch's backward (the earlier
+ones accumulate locally, `require_grad_sync = False`), or lmsys's FSDP on the dp group (`reshard=False`:
+each unit stays gathered through the step's microbatches, its gradient reduce-scattered per backward). `full_parameters()` gathers every rank's shards
+into the full model's parameters on global rank 0.
+Activation checkpointing and compile are not applied yet (the slot is between PP and DP).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from lmsys.distributed.fsdp import FSDP
+from lmsys.distributed.mesh import Mesh
+from lmsys.distributed.pipeline import PipelineModule, StepResult, partition, run_schedule, schedule
+from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss
+
+DP_STRATEGIES = ("bucketed", "fsdp", "torch-ddp", "torch-fsdp")
+HAND_WRITTEN_DP = ("bucketed", "fsdp")  # lmsys rows; torch-* run torch's wrappers (torch_parallel)
+
+
+class ParallelModel:
+    def __init__(self, stage: PipelineModule, mesh: Mesh, *, actions, dp_wrapper, act_dim: tuple[int, int]):
+        self.stage, self.mesh, self.actions, self.dp = stage, mesh, actions, dp_wrapper
+        self.act_dim = act_dim  # (sequence length per rank, d_model) of what stages send
+        self.last_backward = max(i for i, (op, _, _) in enumerate(actions) if op == "B")
+
+    def parameters(self):
+        return (self.dp if isinstance(self.dp, FSDP) else self.stage).parameters()
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
+                   device=None) -> StepResult:
+        mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
+        if self.dp is not None and not isinstance(self.dp, FSDP):
+            self.dp.on_train_batch_start()
+            self.dp.require_grad_sync = False
+            actions = self.actions
+            # the last backward of this rank fires the buckets: sync on just before it
+            hook = _SyncBefore(self.dp, self.last_backward)
+        else:
+            actions, hook = self.actions, None
+        result = run_schedule(self.stage, _watch(actions, hook), inputs=list(mb_in), targets=list(mb_tg),
+                              pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
+                              group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
+                              autocast=autocast, device=device)
+        if self.dp is not None:
+            self.dp.finish_gradient_synchronization()
+        return result
+
+    def local_pieces(self) -> dict[str, tuple[Optional[int], Optional[list[int]], torch.Tensor]]:
+        """{full name: (dim, index or None, tensor)} of the parameters this rank holds (dp rank 0 only)."""
+        if isinstance(self.dp, FSDP):
+            named = self.dp.gather_full_params().items()  # a collective on the dp group
+        else:
+            named = self.stage.named_parameters()
+        if self.mesh.coord("dp") != 0:
+            return {}
+        out = {}
+        for name, p in named:
+            full, dim, index = self.stage.tp_layout.get(name, (name, None, None))
+            if index is None and self.mesh.coord("tp") != 0:
+                continue  # a replicated copy: tp rank 0's stands for all
+            key = name if full == name else f"{full}@{name}"
+            out[key] = (dim, None if index is None else index.tolist(), p.detach().cpu().clone())
+        return out
+
+    def full_parameters(self, shapes: dict[str, torch.Size]) -> Optional[dict[str, torch.Tensor]]:
+        """The full model's parameters, assembled on global rank 0 (None elsewhere). A collective."""
+        pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(self.local_pieces(), pieces, dst=0)
+        if pieces is None:
+            return None
+        full = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
+        for rank_pieces in pieces:
+            for key, (dim, index, t) in rank_pieces.items():
+                name = key.partition("@")[0]
+                if index is None:
+                    full[name].copy_(t)
+                else:
+                    full[name].index_copy_(dim, torch.tensor(index), t.float())
+        return full
+
+
+class _SyncBefore:
+    def __init__(self, dp, index: int):
+        self.dp, self.index = dp, index
+
+    def __call__(self, i: int) -> None:
+        if i == self.index:
+            self.dp.require_grad_sync = True
+
+
+def _watch(actions, hook):
+    for i, action in enumerate(actions):
+        if hook is not None:
+            hook(i)
+        yield action
+
+
+def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedule: str = "1f1b",
+                virtual_stages: int = 1, microbatches: int = 1, tokens_per_microbatch: int,
+                dp_strategy: str = "bucketed", bucket_mb: float = 25.0) -> ParallelModel:
+    """TP -> PP -> DP, see the module docstring. `model`: the full TransformerLM, the same on every rank."""
+    config = model.config
+    tp, pp, dp = mesh.size("tp"), mesh.size("pp"), mesh.size("dp")
+    if tp > 1 or sequence_parallel:
+        apply_tensor_parallel(model, mesh.group("tp"), sequence_parallel=sequence_parallel and tp > 1)
+    V = virtual_stages if pp_schedule == "interleaved-1f1b" else 1
+    chunks = partition(config, pp * V, tokens=tokens_per_microbatch, equal=V > 1)
+    rank = mesh.coord("pp")
+    mine = [chunks[c * pp + rank] for c in range(V)]
+    stage = PipelineModule(model, mine, first=rank == 0, last=rank == pp - 1, loss_fn=tp_loss)
+    actions = schedule(pp_schedule, pp=pp, rank=rank, microbatches=microbatches, virtual_stages=V)
+    wrapper = None
+    if dp > 1:
+        if dp_strategy not in HAND_WRITTEN_DP:
+            raise ValueError(f"dp strategy {dp_strategy!r} is torch's: lmsys.distributed.torch_parallel runs it")
+        if dp_strategy == "fsdp":
+            wrapper = FSDP(stage, units=list(stage.layers.values()), group=mesh.group("dp"), reshard=False)
+            stage.before_forward = wrapper.gather_root
+        else:
+            from lmsys.distributed.ddp import BucketedDDP
+
+            wrapper = BucketedDDP(stage, bucket_mb, group=mesh.group("dp"))
+    seq = config.context_length // tp if (sequence_parallel and tp > 1) else config.context_length
+    return ParallelModel(stage, mesh, actions=list(actions), dp_wrapper=wrapper, act_dim=(seq, config.d_model))

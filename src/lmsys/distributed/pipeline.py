@@ -1,0 +1,243 @@
+"""Pipeline parallelism written out: stages, the gpipe / 1f1b / interleaved-1f1b schedules, send/recv.
+
+- `partition(config, chunks, ...)`: contiguous layer ranges, one per virtual stage. Balanced by cost =
+  ½·(share of parameters) + ½·(share of FLOPs), the embedding counted with the first stage and the LM
+  head with the last (a min-max linear partition); the interleaved schedule splits the layers equally.
+- `PipelineModule`: what one pp rank holds (its chunks' blocks, the embedding on the first virtual stage,
+  final norm + head on the last); parameter names stay the full model's (`layers.3.ffn.w1.weight`).
+  Virtual stage s = chunk·pp + rank (Megatron's interleaving: rank r holds chunks r, r+pp, ...).
+- `schedule(kind, pp=, rank=, microbatches=, virtual_stages=)`: this rank's list of ("F"|"B", chunk,
+  microbatch). gpipe: every forward, then every backward. 1f1b: pp-rank-1 warm-up forwards, then one
+  forward one backward, then the cool-down backwards. interleaved-1f1b: Megatron's order (microbatches
+  in groups of pp, chunks cycled; warm-up 2·(pp-rank-1) + (V-1)·pp).
+- `run_schedule(...)`: runs the actions; activations go forward and their gradients back by
+  dist.isend / dist.irecv on the pp group, tagged by (virtual stage, microbatch, direction) so gloo
+  matches them whatever the order (NCCL ignores tags: the pairs must be posted in the same order on
+  both sides, which these schedules give for V = 1; interleaved on NCCL is unchecked). Returns the
+  loss, the busy (compute) time, and the peak activation bytes the schedule held (saved tensors of
+  forwards whose backward has not run yet).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lmsys.core.timing import synchronize
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def unit_costs(config, *, tokens: int) -> tuple[list[float], float, float]:
+    """Per-block cost, embedding cost, head cost (½ parameter share + ½ FLOP share)."""
+    d, f, h, kv, dh, v = config.d_model, config.d_ff, config.num_heads, config.kv_heads, config.d_head, config.vocab_size
+    block_params = d * (h + 2 * kv) * dh + d * d + 3 * d * f + 2 * d
+    block_flops = 2 * tokens * (block_params - 2 * d) + 4 * tokens * config.context_length * d  # matmuls + attention
+    emb_params, emb_flops = v * d, 0
+    head_params, head_flops = v * d + d, 2 * tokens * v * d
+    L = config.num_layers
+    total_p = L * block_params + emb_params + head_params
+    total_f = L * block_flops + emb_flops + head_flops
+    cost = lambda p, fl: 0.5 * p / total_p + 0.5 * fl / total_f  # noqa: E731
+    return [cost(block_params, block_flops)] * L, cost(emb_params, emb_flops), cost(head_params, head_flops)
+
+
+def partition(config, chunks: int, *, tokens: int, equal: bool = False) -> list[list[int]]:
+    """Layer indices of each of `chunks` virtual stages (each non-empty, contiguous)."""
+    L = config.num_layers
+    if equal:
+        n = L // chunks
+        return [list(range(c * n, (c + 1) * n)) for c in range(chunks)]
+    blocks, emb, head = unit_costs(config, tokens=tokens)
+    best: dict[tuple[int, int], tuple[float, list[int]]] = {}
+
+    def solve(start: int, k: int):  # min over splits of max stage cost, layers start.. into k stages
+        if (start, k) in best:
+            return best[(start, k)]
+        first = start == 0
+        if k == 1:
+            c = sum(blocks[start:]) + head + (emb if first else 0)
+            best[(start, k)] = (c, [L])
+            return best[(start, k)]
+        result = (float("inf"), [])
+        for end in range(start + 1, L - k + 2):
+            c = sum(blocks[start:end]) + (emb if first else 0)
+            rest, cuts = solve(end, k - 1)
+            if max(c, rest) < result[0]:
+                result = (max(c, rest), [end] + cuts)
+        best[(start, k)] = result
+        return result
+
+    cuts = [0] + solve(0, chunks)[1]
+    return [list(range(cuts[i], cuts[i + 1])) for i in range(chunks)]
+
+
+class PipelineModule(nn.Module):
+    """One pp rank's share of a TransformerLM (possibly tensor-parallel already); `chunk_forward(c, x)`."""
+
+    def __init__(self, model, chunks: list[list[int]], *, first: bool, last: bool, loss_fn):
+        super().__init__()
+        self.config = model.config
+        self.chunks = chunks
+        self.first, self.last = first, last
+        self.token_embeddings = model.token_embeddings if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for chunk in chunks for i in chunk})
+        self.ln_final = model.ln_final if last else None
+        self.lm_head = model.lm_head if last else None
+        self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+        self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+        self.tp = getattr(model, "tp", None)
+        names = {n for n, _ in self.named_parameters()}
+        self.tp_layout = {k: v for k, v in getattr(model, "tp_layout", {}).items() if k in names}
+        self._loss_fn = loss_fn
+        self.before_forward = None  # called before each chunk's forward (FSDP installs its root unit)
+
+    def chunk_forward(self, c: int, x: torch.Tensor, seq_len: int, targets=None) -> torch.Tensor:
+        """Chunk c: token ids (first virtual stage) or activations in; activations or the loss out."""
+        if self.before_forward is not None:
+            self.before_forward()
+        if c == 0 and self.first:
+            x = self.token_embeddings(x)
+        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        for i in self.chunks[c]:
+            x = self.layers[str(i)](x, cos, sin)
+        if c == len(self.chunks) - 1 and self.last:
+            return self._loss_fn(self, self.ln_final(x), targets)
+        return x
+
+
+# --------------------------------------------------------------------------------------- schedules
+
+
+def schedule(kind: str, *, pp: int, rank: int, microbatches: int, virtual_stages: int = 1) -> list[tuple[str, int, int]]:
+    M, V = microbatches, virtual_stages
+    if kind == "gpipe":
+        return [("F", 0, m) for m in range(M)] + [("B", 0, m) for m in range(M)]
+    if kind == "1f1b":
+        warm = min(pp - rank - 1, M)
+        acts = [("F", 0, m) for m in range(warm)]
+        for i in range(M - warm):
+            acts += [("F", 0, warm + i), ("B", 0, i)]
+        return acts + [("B", 0, m) for m in range(M - warm, M)]
+    if kind == "interleaved-1f1b":  # Megatron-LM's forward_backward_pipelining_with_interleaving order
+        total = M * V
+
+        def unit(k: int, forward: bool) -> tuple[int, int]:
+            in_group = k % (pp * V)
+            chunk = in_group // pp
+            return (chunk if forward else V - 1 - chunk), (k // (pp * V)) * pp + in_group % pp
+
+        fwd = [("F", *unit(k, True)) for k in range(total)]
+        bwd = [("B", *unit(k, False)) for k in range(total)]
+        warm = min((pp - rank - 1) * 2 + (V - 1) * pp, total)
+        acts = fwd[:warm]
+        for i in range(total - warm):
+            acts += [fwd[warm + i], bwd[i]]
+        return acts + bwd[total - warm:]
+    raise ValueError(f"unknown schedule {kind!r}")
+
+
+def ideal_bubble(kind: str, *, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """(p-1)/(m+p-1), divided by V for the interleaved schedule (Narayanan et al. 2021)."""
+    b = (pp - 1) / (microbatches + pp - 1)
+    return b / virtual_stages if kind == "interleaved-1f1b" else b
+
+
+# ---------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor | None  # mean over microbatches (last stage only)
+    busy_s: float = 0.0  # forward + backward compute
+    wall_s: float = 0.0
+    peak_activation_bytes: int = 0
+    peak_in_flight: int = 0
+    sends: list = field(default_factory=list)
+
+
+def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], targets: list[torch.Tensor],
+                 pp_ranks: list[int], pp_rank: int, group, act_shape: tuple[int, ...], autocast=None,
+                 device=None) -> StepResult:
+    """Run `actions` for this rank. inputs/targets: per-microbatch [b, S] tensors; act_shape: the
+    activation one microbatch sends ([b, S or S/tp, D])."""
+    pp, V, M = len(pp_ranks), len(stage.chunks), len(inputs)
+    seq_len = inputs[0].shape[1]
+    params = {p.data_ptr() for p in stage.parameters()}
+    held: dict[tuple[int, int], tuple] = {}
+    sizes: dict[tuple[int, int], int] = {}
+    losses = []
+    res = StepResult(loss=None)
+    current = [0]
+    cuda = device is not None and torch.device(device).type == "cuda"
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            current[0] += t.numel() * t.element_size()
+        return t
+
+    def tag(vstage: int, m: int, grad: bool) -> int:
+        return (vstage * M + m) * 2 + int(grad)
+
+    def recv(src_rank: int, t: int) -> torch.Tensor:
+        buf = torch.empty(act_shape, device=device, dtype=torch.float32)
+        dist.irecv(buf, src=pp_ranks[src_rank], group=group, tag=t).wait()
+        return buf
+
+    def send(x: torch.Tensor, dst_rank: int, t: int) -> None:
+        x = x.detach().float().contiguous()
+        res.sends.append((dist.isend(x, dst=pp_ranks[dst_rank], group=group, tag=t), x))
+
+    start = time.perf_counter()
+    for op, c, m in actions:
+        s = c * pp + pp_rank  # virtual stage
+        last = s == pp * V - 1
+        if op == "F":
+            x = inputs[m] if s == 0 else recv((pp_rank - 1) % pp, tag(s, m, False)).requires_grad_()
+            synchronize(device) if cuda else None
+            t0 = time.perf_counter()
+            current[0] = 0
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), (autocast() if autocast else _null()):
+                y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
+            synchronize(device) if cuda else None
+            res.busy_s += time.perf_counter() - t0
+            sizes[(c, m)] = current[0]
+            held[(c, m)] = (x, y)
+            res.peak_in_flight = max(res.peak_in_flight, len(held))
+            res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))
+            if last:
+                losses.append(y.detach())
+            else:
+                send(y, (pp_rank + 1) % pp, tag(s + 1, m, False))
+        else:
+            x, y = held.pop((c, m))
+            grad = None if last else recv((pp_rank + 1) % pp, tag(s, m, True))
+            synchronize(device) if cuda else None
+            t0 = time.perf_counter()
+            if last:
+                (y / M).backward()
+            else:
+                torch.autograd.backward(y, grad)
+            synchronize(device) if cuda else None
+            res.busy_s += time.perf_counter() - t0
+            if s > 0:
+                send(x.grad, (pp_rank - 1) % pp, tag(s - 1, m, True))
+    for work, _ in res.sends:
+        work.wait()
+    res.sends = []
+    res.wall_s = time.perf_counter() - start
+    if losses:
+        res.loss = torch.stack(losses).mean()
+    return res
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,63 @@
+"""A calibration profile: the rates `lmsys plan calibrate` measured on one machine, as YAML or JSON.
+
+Keys: device (its name), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
+({world size: {bytes: GB/s}}), latency_us, and intra_GBps / inter_GBps when known. `rates` turns a
+profile into the time model's Rates for one dtype. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lmsys.core.errors import LmsysError
+from lmsys.plan.time import Rates
+
+REQUIRED = ("device", "matmul_tflops", "attention_tflops", "hbm_GBps")
+
+
+def save_profile(profile: dict, path: str | Path) -> None:
+    """Write whole (a temporary file, then a rename): JSON for .json, YAML otherwise."""
+    import os
+    import tempfile
+
+    import yaml
+
+    path = Path(path)
+    text = json.dumps(profile, indent=2) if path.suffix == ".json" else yaml.safe_dump(profile, sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def load_profile(path: str | Path) -> dict:
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise LmsysError(f"--profile {path}: cannot read it ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise LmsysError(f"--profile {path}: expected a mapping (lmsys plan calibrate writes one)")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise LmsysError(f"--profile {path}: missing {', '.join(missing)} (lmsys plan calibrate writes them)")
+    return data
+
+
+def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
+    """The profile's rates for `dtype`; links the profile did not measure come from `fallback` (the table)."""
+    for key in ("matmul_tflops", "attention_tflops"):
+        if dtype not in profile[key]:
+            raise LmsysError(f"the profile of {profile['device']} has no {key} for {dtype} "
+                             f"(measured: {', '.join(profile[key])}); calibrate with --dtype {dtype}")
+    intra = profile.get("intra_GBps") or (fallback.intra_GBps if fallback else 0.0)
+    inter = profile.get("inter_GBps") or (fallback.inter_GBps if fallback else None)
+    busbw = {int(k): {int(s): float(v) for s, v in pts.items()} for k, pts in (profile.get("busbw") or {}).items()}
+    return Rates(matmul_tflops=float(profile["matmul_tflops"][dtype]),
+                 attention_tflops=float(profile["attention_tflops"][dtype]), hbm_GBps=float(profile["hbm_GBps"]),
+                 intra_GBps=intra, inter_GBps=inter, latency_us=float(profile.get("latency_us", 10.0)),
+                 source=f"calibrated on {profile['device']}", busbw=busbw)

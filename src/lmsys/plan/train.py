@@ -1,0 +1,83 @@
+"""`plan train`: the one library call behind the command (inputs resolved, rows and meta out). Torch-free."""
+
+from __future__ import annotations
+
+from lmsys.core.errors import LmsysError
+from lmsys.plan import memory as mem
+from lmsys.plan import search as srch
+from lmsys.plan.shape import load_shape
+from lmsys.plan.time import Efficiency, table_rates
+
+NOTES = [
+    "Memory per GPU on its fullest pipeline stage; headroom = the datasheet's GB - (1 GiB + 5 %) reserve "
+    "(CUDA context, NCCL, fragmentation) - the rest. Activations per Korthikanti et al. 2022, counted tensor "
+    "by tensor (docs/plan.md).",
+    "Step time on the slowest GPU; comm = what is not hidden under compute (tensor and pipeline "
+    "communication never are); bubble (p-1)/(m+p-1) of a pipeline step (÷ chunks interleaved).",
+    "MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype.",
+]
+
+
+def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per_node: int | None, gpu: str | None,
+            cluster: str | None, profile: str | None, dtype: str, master_weights: bool,
+            peak_tflops: float | None):
+    """(shape, precision, cluster, rates, peak TFLOP/s, peak label) from the command line's options."""
+    from lmsys.core.hardware import find_gpu, get_gpu, peak_label
+    from lmsys.plan.profile import load_profile, rates as profile_rates
+
+    shape = load_shape(size, seq=context_length)
+    prof = load_profile(profile) if profile else None
+    if cluster:
+        clu = srch.load_cluster(cluster, gpus=gpus, gpus_per_node=gpus_per_node)
+    else:
+        name = gpu or (prof["device"] if prof else None)
+        if name is None:
+            raise LmsysError("give the GPU: --gpu NAME or --cluster FILE.yaml (or a --profile from plan calibrate)")
+        part = get_gpu(name, option="--cluster FILE.yaml") if (gpu or find_gpu(name)) else None
+        if part is None:
+            raise LmsysError(f"the profile's device {name!r} is not in the GPU table; give --gpu or --cluster")
+        clu = srch.Cluster(part, gpus or 1, gpus_per_node or 8)
+    if clu.gpus < 1:
+        raise LmsysError("--gpus must be >= 1")
+    peak = peak_tflops if peak_tflops is not None else clu.gpu.peak(dtype)
+    if peak is None:
+        raise LmsysError(f"{clu.gpu.name} has no {dtype} rate in the table; give --peak-tflops")
+    rates = table_rates(clu.gpu, dtype, eff=Efficiency(), peak_tflops=peak)
+    if prof is not None:
+        rates = profile_rates(prof, dtype, fallback=rates)
+    label = peak_label(clu.gpu.name, dtype, peak) + (" (--peak-tflops)" if peak_tflops is not None else "")
+    return shape, mem.precision(dtype, master_weights=master_weights), clu, rates, peak, label
+
+
+def global_batch_sequences(*, tokens: int | None, sequences: int | None, seq: int, gpus: int) -> int:
+    if tokens is not None and sequences is not None:
+        raise LmsysError("--global-batch-tokens and --global-batch are exclusive: give one")
+    if tokens is not None:
+        if tokens % seq:
+            raise LmsysError(f"--global-batch-tokens {tokens} is not a whole number of {seq}-token sequences")
+        return tokens // seq
+    return sequences if sequences is not None else gpus
+
+
+def plan_train(*, size: str, gpus: int | None = None, gpus_per_node: int | None = None, gpu: str | None = None,
+               cluster: str | None = None, profile: str | None = None, dtype: str = "bf16",
+               master_weights: bool = True, global_batch_tokens: int | None = None, global_batch: int | None = None,
+               context_length: int | None = None, mesh: str | None = None, top: int = 10,
+               peak_tflops: float | None = None) -> tuple[list[dict], dict, list, list[str]]:
+    """(rows, meta, plans, notes): the `top` fitting layouts, fastest first."""
+    shape, prec, clu, rates, peak, label = resolve(
+        size=size, context_length=context_length, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, cluster=cluster,
+        profile=profile, dtype=dtype, master_weights=master_weights, peak_tflops=peak_tflops)
+    batch = global_batch_sequences(tokens=global_batch_tokens, sequences=global_batch, seq=shape.seq, gpus=clu.gpus)
+    fixed = srch.parse_mesh(mesh) if mesh else {}
+    plans = srch.search(shape, prec=prec, rates=rates, cluster=clu, global_batch=batch, peak_tflops=peak,
+                        fixed=fixed)[:top]
+    meta = {
+        "model": shape.describe(),
+        "cluster": f"{clu.gpus} × {clu.gpu.name}, {clu.gpus_per_node} per node, {clu.gpu.hbm_GB:g} GB each",
+        "batch": f"{batch} sequences × {shape.seq} tokens per step, {dtype}, {prec.name} precision "
+                 f"({prec.state} bytes/parameter of weights, gradients and optimizer)",
+        "MFU peak": label,
+        "rates": rates.source,
+    }
+    return [srch.row(p) for p in plans], meta, plans, list(NOTES)

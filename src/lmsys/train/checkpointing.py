@@ -1,0 +1,31 @@
+"""Activation checkpointing applied to a model from outside: its blocks regrouped into segments whose
+activations are recomputed in backward instead of stored."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+class CheckpointedSegment(torch.nn.Module):
+    """Consecutive blocks whose activations are recomputed in backward instead of stored."""
+
+    def __init__(self, blocks: list[torch.nn.Module]):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def _run(self, x, cos, sin):
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return x
+
+    def forward(self, x, cos, sin):
+        return checkpoint(self._run, x, cos, sin, use_reentrant=False)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, segment: int) -> None:
+    """Group model.layers into checkpointed segments of `segment` blocks (1 = every block)."""
+    blocks = list(model.layers)
+    model.layers = torch.nn.ModuleList(
+        CheckpointedSegment(blocks[i:i + segment]) for i in range(0, len(blocks), segment)
+    )

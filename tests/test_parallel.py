@@ -1,0 +1,241 @@
+"""`lmsys parallel train`: the mesh and its checks, tensor / sequence / pipeline parallelism against one
+process (gloo, tiny model, a few steps), the vocab-parallel cross-entropy against F.cross_entropy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import gloo_world
+from lmsys.core.errors import LmsysError
+from lmsys.distributed.mesh import MeshSpec, check_plan, parse_mesh
+from lmsys.distributed.pipeline import ideal_bubble, partition, schedule
+from lmsys.model.config import get_config
+
+TINY = dict(num_heads=4, kv_heads=4, d_ff=512, vocab_size=10_000, num_layers=2)
+FP32_PARITY = 5e-5  # AdamW turns rounding-level gradient differences into up to ~2 % of one lr=1e-3 step
+GRAD_TOL = 1e-6  # one step's gradients: rounding only
+
+
+# ------------------------------------------------------------------------------------ torch-free checks
+
+
+def test_parse_mesh_orders_tp_fastest():
+    spec = parse_mesh("tp=2, dp=2")
+    assert spec == MeshSpec(pp=1, dp=2, tp=2) and spec.world_size == 4
+    assert [spec.coords(r) for r in range(4)] == [{"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 0, "tp": 1},
+                                                   {"pp": 0, "dp": 1, "tp": 0}, {"pp": 0, "dp": 1, "tp": 1}]
+    spec = MeshSpec(pp=2, dp=2, tp=2)
+    assert all(spec.rank_of(**spec.coords(r)) == r for r in range(8))
+    for bad in ("dp=2,dp=2", "xp=2", "tp=0", "tp=two", "tp"):
+        with pytest.raises(LmsysError):
+            parse_mesh(bad)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(spec="dp=2,tp=2", world_size=2), "multiply to 4, not the world size 2"),
+    (dict(spec="tp=3", world_size=3), "heads (4)"),
+    (dict(spec="tp=8", world_size=8, d_ff=512), "heads (4)"),
+    (dict(spec="tp=2", world_size=2, kv_heads=3, num_heads=6), "kv heads (3"),
+    (dict(spec="tp=2", world_size=2, d_ff=511), "d_ff (511)"),
+    (dict(spec="tp=2", world_size=2, vocab_size=10_001), "vocab (10001)"),
+    (dict(spec="pp=4", world_size=4), "2 layers cannot fill pp=4"),
+    (dict(spec="pp=2", world_size=2, microbatches=1), "fewer than the pp=2 stages"),
+    (dict(spec="pp=2", world_size=2, schedule="interleaved-1f1b", virtual_stages=2, microbatches=2),
+     "do not split into pp×V = 2×2 = 4"),
+    (dict(spec="pp=2", world_size=2, schedule="interleaved-1f1b", virtual_stages=1, microbatches=3,
+          num_layers=4), "multiple of pp=2"),
+    (dict(spec="pp=2", world_size=2, schedule="gpipe", virtual_stages=2, microbatches=2), "needs --pp-schedule"),
+])
+def test_every_plan_error(kwargs, words):
+    kw = {**TINY, "microbatches": 4, **kwargs}
+    spec = parse_mesh(kw.pop("spec"))
+    with pytest.raises(LmsysError) as err:
+        check_plan(spec, **kw)
+    assert words in err.value.message
+
+
+def test_tp_error_names_the_nearest_degrees():
+    with pytest.raises(LmsysError) as err:
+        check_plan(parse_mesh("tp=3"), world_size=3, **TINY)
+    assert err.value.hint == "nearest degrees that work: tp=2 or tp=4"
+    check_plan(parse_mesh("tp=4"), world_size=4, **{**TINY, "kv_heads": 2})  # kv heads replicated: fine
+    check_plan(parse_mesh("pp=2"), world_size=2, microbatches=1, schedule="gpipe", **TINY)  # gpipe: M < p is fine
+
+
+def test_cli_error_before_any_process(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-m", "lmsys", "parallel", "train", "--mesh", "tp=3", "--world-size", "3"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2 and "tp=3 does not divide" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("kind, V, M", [("gpipe", 1, 3), ("1f1b", 1, 2), ("1f1b", 1, 5), ("interleaved-1f1b", 2, 4),
+                                         ("interleaved-1f1b", 3, 6)])
+def test_schedules_run_each_unit_once_and_forward_first(kind, V, M):
+    pp = 2 if kind != "1f1b" else 3
+    M = max(M, pp)
+    for rank in range(pp):
+        acts = schedule(kind, pp=pp, rank=rank, microbatches=M, virtual_stages=V)
+        units = {(c, m) for c in range(V) for m in range(M)}
+        assert sorted(a[1:] for a in acts if a[0] == "F") == sorted(units)
+        assert sorted(a[1:] for a in acts if a[0] == "B") == sorted(units)
+        for i, (op, c, m) in enumerate(acts):
+            if op == "B":
+                assert ("F", c, m) in acts[:i]
+        if kind != "gpipe":  # 1F1B holds at most (pp - rank) microbatches in flight per chunk (warm-up + 1)
+            held = peak = 0
+            for op, _, _ in acts:
+                held += 1 if op == "F" else -1
+                peak = max(peak, held)
+            assert peak <= (pp - rank - 1) * (2 if V > 1 else 1) + (V - 1) * pp + 1
+    assert ideal_bubble("1f1b", pp=4, microbatches=8) == pytest.approx(3 / 11)
+    assert ideal_bubble("interleaved-1f1b", pp=4, microbatches=8, virtual_stages=2) == pytest.approx(3 / 22)
+
+
+def test_partition_counts_embedding_and_head():
+    config = get_config("tiny").with_overrides(num_layers=6, vocab_size=50_000)
+    # the head (parameters and FLOPs) outweighs the embedding (parameters only): the last stage takes fewest blocks
+    assert partition(config, 2, tokens=512) == [[0, 1, 2, 3, 4], [5]]
+    assert partition(config, 3, tokens=512) == [[0], [1, 2, 3, 4], [5]]
+    assert partition(config, 3, tokens=512, equal=True) == [[0, 1], [2, 3], [4, 5]]
+
+
+# -------------------------------------------------------------------------------------- gloo workers
+
+
+def _init(rank, world, store_path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=120))
+
+
+def _ctx(rank, world):
+    from lmsys.distributed.launch import RankContext
+
+    return RankContext(rank=rank, world_size=world, local_rank=rank, backend="gloo", device=torch.device("cpu"))
+
+
+def _job(ctx, meshes, **kw):
+    from lmsys.distributed.parallel_train import parallel_job
+
+    base = dict(impls=["lmsys"], dp_strategy="bucketed", sequence_parallel=False, pp_schedule="1f1b",
+                virtual_stages=1, microbatches=2, size="tiny", context_length=16, batch_size=4, dtype="fp32",
+                steps=1, warmup=1)
+    return parallel_job(ctx, meshes=meshes, **{**base, **kw})["rows"]
+
+
+def _tp_gradients(rank, world):
+    """One step's loss and gradients of the tensor-parallel model against the full one (no optimizer)."""
+    from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss, vocab_parallel_cross_entropy
+    from lmsys.model.transformer import TransformerLM
+
+    out = {}
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(37, 1000, generator=gen, dtype=torch.float64)  # odd token count, float64
+    targets = torch.randint(0, 1000, (37,), generator=gen)
+    ref = F.cross_entropy(logits.requires_grad_(), targets)
+    ref.backward()
+    n = 1000 // world
+    local = logits.detach()[:, rank * n:(rank + 1) * n].clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(local, targets, vocab_start=rank * n, group=dist.group.WORLD)
+    loss.backward()
+    out["ce"] = [abs(loss.item() - ref.item()), (local.grad - logits.grad[:, rank * n:(rank + 1) * n]).abs().max().item()]
+    for sp in (False, True):
+        for kv in (None, 1):  # kv heads split, and replicated (1 kv head, tp=2)
+            config = get_config("tiny").with_overrides(context_length=16, num_kv_heads=kv, vocab_size=1000)
+            torch.manual_seed(0)
+            full = TransformerLM(config)
+            torch.manual_seed(0)
+            model = TransformerLM(config)
+            ids = torch.randint(0, 1000, (2, 16), generator=gen)
+            tgt = torch.randint(0, 1000, (2, 16), generator=gen)
+            loss_ref = F.cross_entropy(full(ids).flatten(0, 1), tgt.flatten())
+            loss_ref.backward()
+            apply_tensor_parallel(model, dist.group.WORLD, sequence_parallel=sp)
+            loss = tp_loss(model, model.hidden_states(ids), tgt)
+            loss.backward()
+            grads = dict(full.named_parameters())
+            worst = 0.0
+            for name, p in model.named_parameters():
+                src, dim, index = model.tp_layout.get(name, (name, None, None))
+                g = grads[src].grad if index is None else grads[src].grad.index_select(dim, index)
+                worst = max(worst, (p.grad - g).abs().max().item())
+            sharded = sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in full.parameters())
+            out[f"sp={sp},kv={kv}"] = [abs(loss.item() - loss_ref.item()), worst, sharded]
+    return out
+
+
+def worker_2(rank, world, store_path, out_path):
+    _init(rank, world, store_path)
+    ctx = _ctx(rank, world)
+    results = {"grads": _tp_gradients(rank, world)}
+    both = ["lmsys", "torch"]  # torch's DTensor TP / pipelining rows beside lmsys's, on the same reference
+    results["tp"] = _job(ctx, ["tp=2"], impls=both)
+    results["tp_sp"] = _job(ctx, ["tp=2"], sequence_parallel=True, impls=both)
+    results["gpipe"] = _job(ctx, ["pp=2"], pp_schedule="gpipe", impls=both)
+    results["1f1b"] = _job(ctx, ["pp=2"], pp_schedule="1f1b", microbatches=4, impls=both)
+    four = os.path.join(os.path.dirname(out_path), "tiny4.yaml")
+    if rank == 0:
+        with open(four, "w") as f:
+            f.write("preset: tiny\nnum_layers: 4\n")
+    dist.barrier()
+    results["interleaved"] = _job(ctx, ["pp=2"], pp_schedule="interleaved-1f1b", virtual_stages=2, size=four)
+    gloo_world.finish(rank, results, out_path)
+
+
+def worker_4(rank, world, store_path, out_path):
+    _init(rank, world, store_path)
+    ctx = _ctx(rank, world)
+    results = {"rows": _job(ctx, ["dp=2,tp=2", "pp=2,dp=2", "pp=2,tp=2"], sequence_parallel=True),
+               # lmsys's FSDP and torch's FSDP2 on the mesh's dp dim, beside TP and PP
+               "fsdp": _job(ctx, ["pp=2,dp=2", "dp=2,tp=2"], dp_strategy="fsdp", impls=["lmsys", "torch"])}
+    gloo_world.finish(rank, results, out_path)
+
+
+def _assert_parity(rows):
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["|Δloss|"] < 1e-5, row
+        assert row["parity max|Δθ|"] < FP32_PARITY, row
+
+
+def test_tensor_parallel_gradients_and_vocab_parallel_ce():
+    res = gloo_world.run_world(worker_2, 2)["grads"]
+    assert res["ce"][0] < 1e-12 and res["ce"][1] < 1e-15
+    for key in ("sp=False,kv=None", "sp=True,kv=None", "sp=False,kv=1", "sp=True,kv=1"):
+        dloss, dgrad, sharded = res[key]
+        assert dloss < 1e-5 and dgrad < GRAD_TOL and sharded, (key, res[key])
+
+
+@pytest.mark.parametrize("run", ["tp", "tp_sp", "gpipe", "1f1b", "interleaved"])
+def test_world_2_against_one_process(run):
+    rows = gloo_world.run_world(worker_2, 2)[run]
+    _assert_parity(rows)
+    assert [r["impl"] for r in rows] == (["lmsys"] if run == "interleaved" else ["lmsys", "torch"])
+    for row in rows:
+        if run.startswith("tp"):
+            assert row["params/rank"] < 1_600_000  # tiny has 2.9 M; the vocab and the blocks are split
+        elif row["impl"] == "lmsys":
+            assert 0 < row["bubble %"] < 100 and row["ideal bubble %"] > 0 and row["act MiB held"] > 0
+        else:  # torch's schedules do not expose their compute time: no measured bubble
+            assert row["bubble %"] is None and row["ideal bubble %"] > 0
+
+
+def test_world_4_meshes_against_one_process():
+    res = gloo_world.run_world(worker_4, 4)
+    _assert_parity(res["rows"])
+    assert [r["mesh"] for r in res["rows"]] == ["dp=2,tp=2,pp=1", "dp=2,tp=1,pp=2", "dp=1,tp=2,pp=2"]
+    fsdp = res["fsdp"]
+    _assert_parity(fsdp)
+    assert [(r["impl"], r["mesh"]) for r in fsdp] == [("lmsys", "dp=2,tp=1,pp=2"), ("torch", "dp=2,tp=1,pp=2"),
+                                                     ("lmsys", "dp=2,tp=2,pp=1"), ("torch", "dp=2,tp=2,pp=1")]
+    # parameters (so gradients and optimizer state) sharded over dp: half of bucketed DDP's per rank
+    assert fsdp[0]["params/rank"] < 0.51 * res["rows"][1]["params/rank"]

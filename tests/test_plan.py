@@ -1,0 +1,317 @@
+"""lmsys.core.hardware and lmsys.plan: the GPU table, the memory and time models, the search, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmsys.core import hardware
+from lmsys.core.errors import LmsysError
+
+
+# ------------------------------------------------------------------------------------------- hardware
+
+@pytest.mark.parametrize("torch_name, part", [
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM"), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe"), ("NVIDIA B200", "B200"), ("h100-sxm", "H100 SXM"),
+    ("A100 80GB SXM", "A100 80GB SXM"),
+])
+def test_gpu_lookup_by_torch_name_and_table_name(torch_name, part):
+    assert hardware.find_gpu(torch_name).name == part
+
+
+def test_table_figures_are_dense_and_sourced():
+    h100 = hardware.GPUS["H100 SXM"]
+    assert (h100.bf16, h100.tf32, h100.fp32, h100.fp8) == (989.5, 494.5, 67.0, 1979.0)  # half the sparse 1979/989/3958
+    assert hardware.GPUS["A100 80GB SXM"].hbm_GBps == 2039.0 and hardware.GPUS["A100 40GB SXM"].hbm_GBps == 1555.0
+    assert hardware.GPUS["B200"].bf16 == 36_000 / 8 / 2  # HGX B200: 36 PFLOP/s sparse for 8 GPUs
+    for gpu in hardware.GPUS.values():
+        assert set(gpu.sources) == {"compute", "memory", "links", "network"}
+        assert gpu.bf16 == gpu.fp16 and gpu.tf32 == pytest.approx(gpu.bf16 / 2, rel=0.01)
+
+
+def test_mfu_peak_names_the_peak_and_refuses_unknown_gpus():
+    assert hardware.mfu_peak("NVIDIA H200", "bf16") == (989.5, "H200 SXM dense bf16 989.5 TFLOP/s")
+    assert hardware.mfu_peak("NVIDIA A100-SXM4-80GB", "fp32", tf32=True)[0] == 156.0
+    assert hardware.mfu_peak("NVIDIA A100-SXM4-80GB", "fp32")[0] == 19.5
+    for name in ("NVIDIA GB200", "Tesla V100-SXM2-32GB", None):
+        with pytest.raises(LmsysError, match=r"known: B200, .*A100 40GB SXM.*--peak-tflops"):
+            hardware.mfu_peak(name, "bf16")
+    with pytest.raises(LmsysError, match="no fp8"):
+        hardware.mfu_peak("NVIDIA A100-SXM4-80GB", "fp8")
+    assert hardware.mfu(1e12, 1000.0, 2.0) == pytest.approx(0.5)
+
+
+def test_devices_peak_delegates_to_the_table():
+    from lmsys.core import devices
+
+    assert devices.peak_tflops_for("NVIDIA H100 PCIe", "bf16", tf32=False) == 756.5
+    assert devices.peak_tflops_for("NVIDIA B200", "fp32", tf32=True) == 1125.0
+    assert devices.peak_tflops_for("Tesla V100", "bf16", tf32=False) is None  # callers: no MFU, as before
+    assert devices.peak_rates("NVIDIA H200").startswith("H200 SXM, dense TFLOP/s bf16 989.5")
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+from lmsys.plan import memory as mem  # noqa: E402
+from lmsys.plan import search as srch  # noqa: E402
+from lmsys.plan import time as ptime  # noqa: E402
+from lmsys.plan.shape import GPT_PRESETS, ModelShape, from_mapping, load_shape, params  # noqa: E402
+
+SMALL = ModelShape(name="small-test", vocab=100, d_model=8, d_ff=16, layers=2, heads=2, kv_heads=1, seq=4)
+
+
+def test_memory_of_a_small_config_term_by_term():
+    # By hand: h 8, f 16, kv_dim 4 (2 heads of 4, one kv head), V 100, s 4; fp32; dp 2 with ZeRO-1; b 2.
+    # Block matmuls: Q and out 2·8·8 = 128, K and V 2·8·4 = 64, SwiGLU 3·8·16 = 384 -> 576; norms 2·8 -> 592.
+    # Model: embedding 800 + 2·592 + final norm 8 + head 800 = 2792 parameters.
+    assert params(SMALL) == 2792
+    lay = mem.Layout(dp=2, zero=1, micro_batch=2)
+    m = mem.memory(SMALL, lay, mem.PRECISIONS["fp32"], capacity=80e9)
+    assert (m.weights, m.grads, m.optimizer) == (2792 * 4, 2792 * 4, 2792 * 8 / 2)
+    # Per block (fp32, sbh = 4·2·8 = 64 elements): norm inputs, QKV input, Q, output-projection input, MLP
+    # input: 6·64·4 = 1536; K and V 2·32·4 = 256; log-sum-exp 2 heads·4·2·4 B = 64; gate, up, silu, product
+    # 4·128·4 = 2048 -> 3904 bytes; two blocks, one micro-batch in flight -> 7808.
+    assert mem.layer_activation_bytes(SMALL, lay, mem.PRECISIONS["fp32"]) == 3904
+    # Head: final norm input + head input 64·(4 + 4) = 512; logits 8 tokens·100·(4 + 8) = 9600.
+    assert m.parts["embedding and head"] == 512 + 9600
+    assert m.activations == 7808 + 512 + 9600
+    assert m.buffers == 2 * 25 * 2**20  # two DDP buckets
+    assert m.total == 2792 * 4 * 2 + 2792 * 4 + 7808 + 512 + 9600 + 2 * 25 * 2**20
+    assert m.headroom == pytest.approx(80e9 - (2**30 + 0.05 * 80e9) - m.total)
+
+
+@pytest.mark.parametrize("zero, w, g, o", [(0, 1, 1, 1), (1, 1, 1, 4), (2, 1, 4, 4), (3, 4, 4, 4)])
+def test_zero_stages_shard_over_data_parallel(zero, w, g, o):
+    prec = mem.PRECISIONS["master"]
+    m = mem.memory(SMALL, mem.Layout(dp=4, zero=zero), prec, capacity=80e9)
+    assert (m.weights, m.grads, m.optimizer) == (2792 * 2 / w, 2792 * 4 / g, 2792 * 12 / o)
+
+
+def test_tensor_and_pipeline_parallel_parameters():
+    # GPT-22B, tp 8: block matmuls and column biases / 8, norms and row biases whole; pp 1: tied head is the embedding.
+    m = GPT_PRESETS["gpt-22b"]
+    h = 6144
+    block = 12 * h * h + 13 * h
+    per_gpu_block = (12 * h * h + (3 * h + 4 * h)) / 8 + 4 * h + 2 * h
+    lay = mem.Layout(tp=8)
+    assert params(m) == 48 * block + 51200 * h + 2048 * h + 2 * h
+    assert mem.stage_params(m, lay, first=True, last=True) == pytest.approx(
+        48 * per_gpu_block + 51200 * h / 8 + 2048 * h + 2 * h)
+    lay = mem.Layout(tp=8, pp=8, schedule="1f1b", microbatches=8)
+    last = mem.stage_params(m, lay, first=False, last=True)
+    assert last == pytest.approx(6 * per_gpu_block + 2 * h + 51200 * h / 8)  # the head's copy on the last stage
+
+
+@pytest.mark.parametrize("t, sp, recompute", [(1, False, "none"), (8, False, "none"), (8, True, "none"),
+                                              (8, True, "selective"), (4, False, "selective"), (8, True, "full"),
+                                              (2, False, "full")])
+@pytest.mark.parametrize("name", ["gpt-22b", "gpt-1t"])
+def test_gpt_block_activations_match_korthikanti(name, t, sp, recompute):
+    m = GPT_PRESETS[name]
+    lay = mem.Layout(tp=t, sp=sp, checkpoint=recompute, micro_batch=2)
+    got = mem.layer_activation_bytes(m, lay, mem.PRECISIONS["master"])
+    expected = mem.korthikanti(s=2048, b=2, h=m.d_model, a=m.heads, t=t, sp=sp, recompute=recompute)
+    assert got == pytest.approx(expected, rel=1e-12)
+    if (t, sp, recompute) == (1, False, "none"):  # sbh(34 + 5as/h), written out
+        assert got == pytest.approx(2048 * 2 * m.d_model * (34 + 5 * m.heads * 2048 / m.d_model), rel=1e-12)
+
+
+def test_pipeline_in_flight_microbatches():
+    m = GPT_PRESETS["gpt-175b"]
+    prec = mem.PRECISIONS["master"]
+    per_layer = mem.korthikanti(s=2048, b=1, h=12288, a=96, t=8, sp=True, recompute="selective")
+    for schedule, chunks, m_, layers in (("1f1b", 1, 64, 96), ("1f1b", 1, 4, 12 * 4), ("gpipe", 1, 64, 12 * 64),
+                                         ("interleaved", 2, 64, 96 * (1 + 7 / 16))):
+        lay = mem.Layout(tp=8, pp=8, sp=True, schedule=schedule, chunks=chunks, microbatches=m_, checkpoint="selective")
+        first = mem._stage_memory(m, lay, prec, capacity=80e9, stage="first")
+        assert first.parts["layers"] == pytest.approx(layers * per_layer), schedule
+
+
+def test_llama_yaml_and_lmsys_presets(tmp_path):
+    f = tmp_path / "llama.yaml"
+    f.write_text("vocab_size: 128256\nhidden_size: 4096\nintermediate_size: 14336\nnum_hidden_layers: 32\n"
+                 "num_attention_heads: 32\nnum_key_value_heads: 8\nmax_position_embeddings: 8192\n"
+                 "hidden_act: silu\nrms_norm_eps: 1.0e-5\ntie_word_embeddings: false\n")
+    shape = load_shape(str(f))
+    assert (shape.kv_dim, shape.seq, shape.mlp) == (1024, 8192, "swiglu")
+    assert params(shape) == 8_030_261_248  # Llama 3 8B's published count
+    from lmsys.model.config import PRESETS, parameter_count_formula
+
+    for name, cfg in PRESETS.items():
+        assert params(load_shape(name)) == parameter_count_formula(cfg), name
+    with pytest.raises(LmsysError, match="missing sizes d_ff"):
+        from_mapping({"vocab_size": 1, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}, name="x")
+
+
+def test_flops_per_token_is_core_flops_convention():
+    from lmsys.core.flops import model_flops_per_token
+    from lmsys.model.config import PRESETS
+    from lmsys.plan.shape import flops_per_token
+
+    cfg = PRESETS["xl"]
+    shape = load_shape("xl")
+    assert flops_per_token(shape) == model_flops_per_token(
+        d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers, vocab_size=cfg.vocab_size,
+        seq_len=cfg.context_length, backward=True)
+
+
+# --------------------------------------------------------------------------------------------- time
+
+A100 = hardware.GPUS["A100 80GB SXM"]
+
+
+def test_bubble_and_interleaving():
+    m = GPT_PRESETS["gpt-175b"]
+    prec, rates = mem.PRECISIONS["master"], ptime.table_rates(A100, "bf16")
+    lay = mem.Layout(tp=8, pp=8, sp=True, schedule="1f1b", microbatches=64, checkpoint="selective")
+    st = ptime.step_time(m, lay, prec, rates, gpus_per_node=8)
+    assert st.bubble == pytest.approx(7 * st.parts["stage ms per micro-batch"])
+    inter = ptime.step_time(m, mem.Layout(tp=8, pp=8, sp=True, schedule="interleaved", chunks=2, microbatches=64,
+                                          checkpoint="selective"), prec, rates, gpus_per_node=8)
+    assert inter.bubble == pytest.approx(7 / 2 * inter.parts["stage ms per micro-batch"])
+    # one block by hand: forward matmuls 24·s·h²/t at 0.75 × 312 TFLOP/s, scores 4·s²·h/t likewise
+    gemm = 2 * 2048 * 12 * 12288**2 / 8 / (0.75 * 312e9)
+    assert st.parts["fwd block ms"] > gemm and st.parts["bwd block ms"] > 2 * gemm
+
+
+@pytest.mark.parametrize("name, pp, batch, published", [("gpt-22b", 1, 4, 41.5), ("gpt-175b", 8, 64, 51.4),
+                                                        ("gpt-530b", 35, 280, 56.0), ("gpt-1t", 64, 512, 56.3)])
+def test_korthikanti_mfu_within_15_percent(name, pp, batch, published):
+    # docs/plan.md's table: A100 80GB, TP 8, SP + selective recomputation, micro-batch 1, 1F1B.
+    m = GPT_PRESETS[name]
+    lay = mem.Layout(tp=8, pp=pp, sp=True, schedule="1f1b" if pp > 1 else "none", microbatches=batch,
+                     checkpoint="selective")
+    st = ptime.step_time(m, lay, mem.PRECISIONS["master"], ptime.table_rates(A100, "bf16"), gpus_per_node=8)
+    predicted = 100 * ptime.mfu(st, gpus=8 * pp, peak_tflops=312.0)
+    assert abs(predicted - published) / published < 0.15
+    assert mem.memory(m, lay, mem.PRECISIONS["master"], capacity=80e9).headroom > 0  # they ran
+
+
+# ------------------------------------------------------------------------------------------- search
+
+def _cluster(gpus, name="H100 SXM"):
+    return srch.Cluster(hardware.GPUS[name], gpus, 8)
+
+
+def test_search_ranks_fitting_layouts_by_tokens_per_second():
+    m = load_shape("2.7b")
+    prec = mem.PRECISIONS["master"]
+    rates = ptime.table_rates(hardware.GPUS["A100 40GB SXM"], "bf16")
+    plans = srch.search(m, prec=prec, rates=rates, cluster=_cluster(8, "A100 40GB SXM"), global_batch=32,
+                        peak_tflops=312.0)
+    speeds = [p.tokens_per_s_per_gpu for p in plans]
+    assert speeds == sorted(speeds, reverse=True) and all(p.fits for p in plans)
+    every = list(srch.candidates(m, gpus=8, gpus_per_node=8, global_batch=32, fixed={}))
+    evaluated = [srch.evaluate(m, lay, prec, rates, _cluster(8, "A100 40GB SXM"), peak_tflops=312.0) for lay in every]
+    assert len(plans) == sum(p.fits for p in evaluated) < len(evaluated)  # some do not fit, and are dropped
+    for lay in every:
+        assert lay.gpus == 8 and lay.global_batch == 32 and m.heads % lay.tp == 0 and m.layers % lay.pp == 0
+
+
+def test_nothing_fits_says_what_overflows_and_by_how_much():
+    m = load_shape("10b")
+    rates = ptime.table_rates(hardware.GPUS["A100 40GB SXM"], "bf16")
+    with pytest.raises(LmsysError, match=r"nothing fits on 1 × A100 40GB SXM: the closest layout .* needs [\d.]+ GiB "
+                                         r"per GPU .*, [\d.]+ GiB over the 37.3 GiB it has \(weights"):
+        srch.search(m, prec=mem.PRECISIONS["master"], rates=rates, cluster=_cluster(1, "A100 40GB SXM"),
+                    global_batch=8, peak_tflops=312.0)
+
+
+def test_mesh_that_does_not_divide_the_model_says_which():
+    m = load_shape("xl")  # 25 heads, 48 layers
+    rates = ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16")
+    with pytest.raises(LmsysError, match=r"tp=2 does not divide heads \(25\).*pp=5 does not divide layers \(48\)"):
+        srch.search(m, prec=mem.PRECISIONS["master"], rates=rates, cluster=_cluster(10), global_batch=10,
+                    peak_tflops=989.5, fixed=srch.parse_mesh("dp=1,tp=2,pp=5"))
+    with pytest.raises(LmsysError, match="is 4 GPUs, not the 8"):
+        srch.search(m, prec=mem.PRECISIONS["master"], rates=rates, cluster=_cluster(8), global_batch=8,
+                    peak_tflops=989.5, fixed=srch.parse_mesh("dp=2,tp=1,pp=2"))
+    with pytest.raises(LmsysError, match="--mesh: cannot read 'xx=1'"):
+        srch.parse_mesh("dp=2,xx=1")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def test_plan_train_cli(lmsys, tmp_path):
+    import json
+
+    r = lmsys("plan", "train", "--size", "medium", "--gpus", "4", "--gpu", "NVIDIA H100 80GB HBM3",
+              "--global-batch", "16", "--top", "3", "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    rows = out["rows"]
+    assert len(rows) == 3 and rows[0]["tokens/s/GPU"] >= rows[1]["tokens/s/GPU"] >= rows[2]["tokens/s/GPU"]
+    assert out["meta"]["MFU peak"] == "H100 SXM dense bf16 989.5 TFLOP/s"
+    for row in rows:
+        parts = sum(row[k] for k in ("compute ms", "recompute ms", "tp comm ms", "pp comm ms", "dp comm ms",
+                                     "bubble ms", "optimizer ms"))
+        assert row["step ms"] == pytest.approx(parts)
+    r = lmsys("plan", "train", "--size", "tiny", "--gpu", "V100", "--format", "json")
+    assert r.code == 2 and "unknown GPU 'V100'; known: B200" in r.err
+    r = lmsys("plan", "train", "--size", "xl", "--gpus", "2", "--gpu", "h100", "--mesh", "tp=2")
+    assert r.code == 2 and "tp=2 does not divide heads (25)" in r.err
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("gpu: H100 SXM\ngpus: 16\ngpus_per_node: 8\nnetwork_GBps: 25\n")
+    r = lmsys("plan", "train", "--size", "small", "--cluster", str(cluster), "--mesh", "dp=16,zero=3,mb=1",
+              "--global-batch", "16", "--format", "json")
+    assert r.code == 0, r.err
+    assert {row["mesh"] for row in json.loads(r.out)["rows"]} == {"dp16 tp1 pp1"}
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from lmsys.cli import app; assert 'torch' not in sys.modules; print('ok')"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------------- calibrate and validate
+
+def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    model = tmp_path / "micro.yaml"
+    model.write_text("d_model: 32\nd_ff: 64\nnum_layers: 1\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n")
+    profile = tmp_path / "cpu.yaml"
+    r = lmsys("plan", "calibrate", "--size", str(model), "--device", "cpu", "--profile", str(profile),
+              "--warmup", "0", "--steps", "2", "--format", "json")
+    assert r.code == 0, r.err
+    prof, rows = yaml.safe_load(profile.read_text()), json.loads(r.out)["rows"]
+    matmuls = [row for row in rows if row["what"].startswith("matmul")]
+    assert len(matmuls) == 5 and "busbw" not in prof
+    # the profile's matmul rate is all the GEMMs' FLOPs over all their time
+    flops = sum(row["TFLOP/s"] * row["ms"] for row in matmuls)
+    assert prof["matmul_tflops"]["fp32"] == pytest.approx(flops / sum(row["ms"] for row in matmuls), rel=1e-9)
+    assert prof["hbm_GBps"] > 0 and prof["attention_tflops"]["fp32"] > 0
+    r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
+              "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert [(row["checkpoint"], row["status"]) for row in out["rows"]] == [("none", "ok"), ("block", "ok")]
+    for row in out["rows"]:
+        assert row["predicted ms"] > 0 and row["measured ms"] > 0 and row["measured MiB"] is None
+        assert row["time error %"] == pytest.approx(100 * (row["predicted ms"] - row["measured ms"]) / row["measured ms"])
+    assert any("memory: not measurable here" in note for note in out["notes"])
+    errs = [abs(row["time error %"]) for row in out["rows"]]
+    assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--size", "bogus"), "unknown model 'bogus'"), (("--context-length", "0"), "seq must be a positive integer"),
+    (("--top", "0"), "--top must be >= 1"), (("--dtype", "fp8"), "--dtype must be one of"),
+    (("--global-batch-tokens", "1000"), "not a whole number of 512-token sequences"),
+    (("--mesh", "dp=2"), "do not divide the 1 GPUs"), ((), None),
+    (("--gpu", "h100", "--gpus", "5", "--global-batch", "2"), "no layout of 5 GPUs"),
+])
+def test_plan_train_user_errors_are_one_line(lmsys, args, message):
+    base = ("plan", "train", "--size", "small") + (() if "--gpu" in args else ("--gpu", "A100"))
+    r = lmsys(*base, *args)
+    if message is None:
+        assert r.code == 0, r.err
+        return
+    assert r.code == 2 and message in r.err and "Traceback" not in r.err, r.err
