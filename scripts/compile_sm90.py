@@ -53,7 +53,7 @@ def signature(fn, dtype: str, consts: dict) -> dict:
 
 
 def compile_one(kernel: str, dtype: str, consts: dict, config: triton.Config):
-    fn = ft._tuners()[kernel].fn
+    fn = ft._kernels()[kernel]
     consts = {**consts, **config.kwargs}
     sig = signature(fn, dtype, consts)
     pointers = [i for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")]

@@ -147,35 +147,28 @@ def test_atomic_backward_matches_float64(case):
 
 @pytest.mark.skipif(not flash_triton.INTERPRET, reason="interpreter configs (the GPU test tunes for real)")
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_backward_under_a_real_autotuner_run(deterministic, monkeypatch):
-    """Triton's autotuner with two configs per backward kernel: each timed run is launched twice (a stub
-    do_bench), so a dQ the timing adds into, or a dQ the timing's reset wipes after the dQ kernel ran
-    (the dQ kernel runs first), shows in the result. GQA and a padded head dim."""
+def test_backward_under_a_real_tuner_run(deterministic, monkeypatch, tmp_path):
+    """The tuner with two configs per backward kernel: each timed run is launched twice (a stub bench), so
+    a dQ the timing adds into (the atomic backward's, reset before each run and after the timing), or a
+    dQ the timing's reset would wipe after the dQ kernel ran (the dQ kernel runs first), shows in the
+    result. GQA and a padded head dim."""
+    timed = []
 
-    def bench(kernel_call, quantiles=None, **kw):
-        kernel_call()
-        kernel_call()
-        return [1.0, 1.0, 1.0]
+    def bench(run):
+        run()
+        run()
+        timed.append(run)
+        return 1.0
 
+    monkeypatch.setenv("LMSYS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flash_triton.tuning, "bench", bench)
+    monkeypatch.setattr(flash_triton.TUNER, "memory", {})
     for name, configs in (("dkdv", [(16, 32), (32, 16)]), ("dq", [(32, 16), (16, 32)])):
-        tuner = flash_triton._tuners()[name]
-        monkeypatch.setattr(tuner, "configs", [flash_triton._config(m, n, 4, 1) for m, n in configs])
-        monkeypatch.setattr(tuner, "cache", {})
-        monkeypatch.setitem(tuner.__dict__, "do_bench", bench)
+        monkeypatch.setitem(flash_triton.CONFIGS, name, [flash_triton._config(m, n, 4, 1) for m, n in configs])
     lead, hq, hkv, n_q, n_k, d, causal, dtype = GQA_CASES[1]
     _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=5), causal, TOL[dtype],
                      deterministic=deterministic, policy=flash_triton.default_policy())
-    assert len(flash_triton._tuners()["dkdv"].cache) == 1  # it did tune
-
-
-def test_autotuner_hook_zeroes_dq_only_for_the_atomic_backward():
-    """The dK/dV autotuner's hook: the atomic backward's float32 dQ is zeroed before each timed run and
-    after the timing; without atomics DQ holds the dQ kernel's finished result (it ran first) and stays."""
-    dq = torch.ones(4)
-    flash_triton._zero_atomic_dq({"DQ": dq, "ATOMIC_DQ": False}, reset_only=True)
-    assert torch.equal(dq, torch.ones(4))
-    flash_triton._zero_atomic_dq({"DQ": dq, "ATOMIC_DQ": True})
-    assert torch.equal(dq, torch.zeros(4))
+    assert len(timed) == (2 if deterministic is False else 4)  # it did time (dQ too without atomics)
 
 
 @pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
@@ -219,10 +212,10 @@ def test_persistent_forward_matches_float64(lead, hq, hkv, n_q, n_k, d, causal, 
     launched = []
     grid_of = flash_triton._launch
 
-    def record(kernel, grid, args, consts, policy, q):
+    def record(kernel, grid, args, consts, policy, q, **kw):
         if kernel == "fwd":
             launched.append(grid(CONFIGS_FWD[0].kwargs))
-        return grid_of(kernel, grid, args, consts, policy, q)
+        return grid_of(kernel, grid, args, consts, policy, q, **kw)
 
     CONFIGS_FWD = flash_triton.CONFIGS["fwd"]
     monkeypatch.setattr(flash_triton, "_launch", record)
@@ -250,10 +243,9 @@ def test_swapped_tile_shapes(causal, monkeypatch):
     """The other orientation of every kernel's tiles (fwd and dQ with BLOCK_N > BLOCK_M, as in the GPU's
     (64, 128) configs; dK/dV with BLOCK_M > BLOCK_N), on shapes that cut tiles in every way."""
     swapped = {"fwd": (16, 32), "dkdv": (32, 16), "dq": (16, 32)}
-    for name, tuner in (("fwd", flash_triton._attn_fwd), ("dkdv", flash_triton._attn_bwd_dkdv),
-                        ("dq", flash_triton._attn_bwd_dq)):
-        monkeypatch.setattr(tuner, "configs", [flash_triton._config(*swapped[name], 4, 1)])
-        monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(flash_triton.TUNER, "memory", {})
+    for name, tiles in swapped.items():
+        monkeypatch.setitem(flash_triton.CONFIGS, name, [flash_triton._config(*tiles, 4, 1)])
     for n_q, n_k in ((71, 71), (50, 83), (83, 37)):
         _run_and_compare(*_inputs((2,), n_q, n_k, 32, torch.float32, seed=n_q + n_k), causal, 1e-4)
 
@@ -449,10 +441,12 @@ def test_gpu_every_config_is_correct(kernel, case):
 @pytest.mark.parametrize("tma_reduce", [True, False])
 @pytest.mark.parametrize("case", [((2,), 8, 2, 1031, 1031, 80, True, torch.bfloat16),
                                   ((1,), 4, 4, 777, 1201, 64, False, torch.float16)])
-def test_gpu_atomic_backward_under_the_autotuner(case, tma_reduce, monkeypatch):
-    """deterministic=False with the default policy: the autotuner times the dK/dV kernel several times on
-    the same float32 dQ (its hook zeroes them out of the result); dQ by TMA reduce-adds and by
-    element-wise atomics."""
+def test_gpu_atomic_backward_under_the_tuner(case, tma_reduce, monkeypatch, tmp_path):
+    """deterministic=False with the default policy: the tuner times the dK/dV kernel several times on the
+    same float32 dQ (zeroed before each run and after the timing); dQ by TMA reduce-adds and by
+    element-wise atomics. An empty cache dir and no choices in memory: it times."""
+    monkeypatch.setenv("LMSYS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flash_triton.TUNER, "memory", {})
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + tma_reduce), causal, TOL[dtype],
                      deterministic=False, policy=replace(flash_triton.default_policy(), tma_reduce_dq=tma_reduce))
@@ -504,7 +498,7 @@ def test_gpu_memory_is_linear_in_sequence_length():
     for seq in (8192, 16384):
         q, k, v = (torch.randn(1, 16, seq, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         do = torch.randn_like(q)
-        out = FlashAttentionTriton.apply(q, k, v, True)  # autotuning (and do_bench's 256 MB buffer) first
+        out = FlashAttentionTriton.apply(q, k, v, True)  # tuning (and do_bench's 256 MB buffer) first
         torch.autograd.grad(out, (q, k, v), do)
         del out
         torch.cuda.synchronize()
@@ -518,19 +512,19 @@ def test_gpu_memory_is_linear_in_sequence_length():
     assert 1.8 < peaks[1] / peaks[0] < 2.2, peaks
 
 
-def test_policy_pick_walks_every_fitting_config_and_leaves_the_autotuner_alone(monkeypatch):
-    """A pick runs the i-th fitting config (mod their number) without touching the autotuner's cache;
+def test_policy_pick_walks_every_fitting_config_and_leaves_the_tuner_alone(monkeypatch):
+    """A pick runs the i-th fitting config (mod their number) without touching the tuner's choices;
     launch_forward returns which tiles each kernel ran."""
     two = [flash_triton._config(16, 16, 4, 1), flash_triton._config(32, 16, 4, 1)]
-    tuner = flash_triton._tuners()["fwd"]
-    cached = dict(tuner.cache)
+    tuner = flash_triton.TUNER
+    cached = dict(tuner.memory)
     q, k, v = (torch.randn(1, 2, 37, 16, device=DEVICE) for _ in range(3))
     configs = {**flash_triton.CONFIGS, "fwd": two}
     for i, expected in enumerate(["16×16", "32×16", "16×16"]):
         policy = flash_triton.Policy(pick=i, configs=configs)
         out, _, ran = flash_triton.launch_forward(q, k, v, False, policy=policy)
         assert ran == {"fwd": expected}
-        assert tuner.cache == cached
+        assert tuner.memory == cached
         torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="needs a pick"):
         flash_forward(q, k, v, policy=flash_triton.Policy(configs=configs))

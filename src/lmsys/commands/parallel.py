@@ -64,13 +64,13 @@ def train(
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import check_model
+    from lmsys.distributed.train import resolve_model_size
 
     backend = launch.resolve_backend(backend)
     launch.check_launch(backend, [n])
     if warning := launch.warn_oversubscription([n], backend):
         typer.echo(warning, err=True)
-    size, context_length = check_model(size, context_length, backend=backend, dtype=dtype, runs=[])
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=[])
     if sequence_parallel and any(context_length % s.tp for s in specs):
         raise LmsysError(f"--sequence-parallel: --context-length {context_length} is not divisible by every tp degree")
     kwargs = dict(meshes=[s.label for s in specs], impls=impls, dp_strategy=dp_strategy,

@@ -8,15 +8,18 @@ causal top-left aligned; head dims that are multiples of 8 from 16 to 256 in fp1
 fp32 (tf32x3 dots) and only where the smallest tile fits the GPU's shared memory. CUDA tensors, or CPU
 tensors under TRITON_INTERPRET=1 (set before this module is imported).
 
-How the kernels run is a frozen `Policy` passed in (tiles autotuned or picked, and the levers);
-`launch_forward` / `launch_backward` return what ran. LMSYS_FLASH_AUTOTUNE=0 makes the default policy take
-the first config that fits. `flash_attention` (the model's path) runs the custom ops lmsys::flash_fwd and
-lmsys::flash_bwd under torch.compile, which then keeps one graph through attention.
+How the kernels run is a frozen `Policy` passed in (tiles tuned or picked, and the levers);
+`launch_forward` / `launch_backward` return what ran. Tuning times at most two configs per kernel and shape
+class (bucketed lengths) and keeps the choice on disk (`lmsys.kernels.tuning`, under its cache_dir());
+LMSYS_FLASH_AUTOTUNE=0 makes the default policy take the first config that fits. `flash_attention` (the
+model's path) runs the custom ops lmsys::flash_fwd and lmsys::flash_bwd under torch.compile, which then
+keeps one graph through attention.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from contextlib import nullcontext
@@ -29,7 +32,7 @@ from triton.runtime import _allocation  # which allocator this thread has (see _
 
 from lmsys.core.devices import capability, sm_count
 from lmsys.core.errors import LmsysError
-from lmsys.kernels import triton_interpreted
+from lmsys.kernels import triton_interpreted, tuning
 from lmsys.kernels.shapes import check_qkv
 
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 256, 8
@@ -347,15 +350,30 @@ def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> li
     return fitting_configs(kernel, configs, **budget)
 
 
-def _prune_by_head_dim(kernel: str):
-    """The named filter for triton.autotune: _candidates at this padded head dim, element size, shared
-    memory of the inputs' GPU and, for the forward, warp specialisation."""
+TUNED_CANDIDATES = 2  # configs the tuner times per kernel and shape class, at most
+# At padded head dims above 64 the tuner tries first the config a sweep found best at d 128 (bf16, causal,
+# seq 16384: docs/benchmarks/attention.md, "Autotune configs"); at 64 and below, GPU_CONFIGS' order (its
+# first entries are the best at d 64).
+WIDE_HEAD_FIRST = {"fwd": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}
 
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}
-        return _candidates(kernel, configs, args, args["Q"])
 
-    return prune
+def _shortlist(kernel: str, fitting: list, *, d_pad: int, rows: int, heads: int, programs: int) -> list:
+    """The configs of `fitting` the tuner times (at most TUNED_CANDIDATES): the preferred one; then, where
+    its grid over `rows` (query rows, key rows for dK/dV) and `heads` leaves some of `programs` (SMs)
+    idle, the preferred one with a smaller tile along the rows, else the next preferred one."""
+    first = WIDE_HEAD_FIRST[kernel] if d_pad > 64 else None
+    order = sorted(fitting, key=lambda c: _tiles(c) != first)  # stable: the rest keep their order
+    side = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+    best = order[0]
+    if _cdiv(rows, best.kwargs[side]) * heads < programs:
+        smaller = [c for c in order if c.kwargs[side] < best.kwargs[side]]
+        if smaller:
+            return [best, smaller[0]]
+    return order[:TUNED_CANDIDATES]
+
+
+def _tiles(config: triton.Config) -> tuple:
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
 @dataclass(frozen=True)
@@ -363,8 +381,9 @@ class Policy:
     """How the launchers run the kernels; frozen (change a lever with dataclasses.replace). The autograd
     function and `launch_forward` / `launch_backward` take one; `default_policy()` is what users run.
 
-    pick: None = Triton's autotuner over CONFIGS (each fitting config timed once per shape, cached); an
-      int i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
+    pick: None = lmsys's tuner over CONFIGS (`_tuned`: at most two fitting configs timed once per shape
+      class, the choice kept in memory and on disk); an int i = untimed, the i-th (modulo their number)
+      of the configs that fit, for each kernel.
     configs: ((kernel, (Config, ...)), ...) that `pick` chooses from instead of CONFIGS (needs a pick); a
       dict {kernel: [Config, ...]} is accepted and stored as such pairs.
     wide_configs: `pick` chooses from WIDE_CONFIGS followed by CONFIGS (needs a pick).
@@ -449,41 +468,83 @@ def _first_fit(policy: Policy) -> Policy:
     return replace(policy, pick=0)  # cached: replace costs µs on every attention call
 
 
-def _tuners() -> dict:
-    """The autotuned kernels by name (defined below)."""
+def _kernels() -> dict:
+    """The tuned kernels by name (defined below)."""
     return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
-def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor) -> str:
-    """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N"."""
-    tuner = _tuners()[kernel]
+def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor, *, shape: tuple,
+            reset=None) -> str:
+    """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N". shape: (Z, H, GROUP, n_q, n_k);
+    reset: what undoes a run's accumulation before the next (the atomic backward's dQ.zero_), for timing."""
+    fn = _kernels()[kernel]
     if policy.pick is None:
         if policy.configs is not None or policy.wide_configs:
-            raise ValueError("Policy.configs or wide_configs needs a pick (the autotuner times CONFIGS only)")
-        tuner[grid](*args, **consts)
-        config = tuner.best_config
+            raise ValueError("Policy.configs or wide_configs needs a pick (the tuner times CONFIGS only)")
+        config = _tuned(kernel, fn, grid, args, consts, q, shape, reset)
     else:
         fitting = _candidates(kernel, policy.configs_for(kernel), consts, q)
         config = fitting[policy.pick % len(fitting)]
-        tuner.fn[grid](*args, **consts, **config.all_kwargs())
+    fn[grid](*args, **consts, **config.all_kwargs())
     return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
-def _zero_atomic_dq(args: dict, reset_only: bool = False) -> None:
-    """The dK/dV autotuner's hook before each timed run and after the timing: with ATOMIC_DQ it zeroes the
-    float32 dQ, which every timed run adds into. Not reset_to_zero=["DQ"]: without atomics, DQ is the dQ
-    kernel's finished result (that kernel runs first) and must be left alone."""
-    if args["ATOMIC_DQ"]:
-        args["DQ"].zero_()
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
-_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "GROUP"]  # the dtype of the tensors is keyed by Triton itself
+def _stamp() -> dict:
+    """What the tuner's stored choices hold for: the versions and this file (kernels and configs)."""
+    return {"torch": torch.__version__, "triton": triton.__version__, "source": _source_digest()}
+
+
+TUNER = tuning.Tuner("flash_triton", _stamp)
+# The constants of a shape class besides the lengths (the dtype and the device are keyed apart)
+_CLASS_CONSTS = ("HEAD_DIM_PAD", "IS_CAUSAL", "USE_TMA", "WARP_SPEC", "PERSISTENT", "ATOMIC_DQ", "TMA_DQ")
+MIN_ROWS, MAX_ROWS = 64, 16384  # lengths are bucketed to powers of two in this range
+MAX_HEADS = 256  # batch × heads, bucketed alike from 1
+
+
+@functools.lru_cache(maxsize=None)
+def _device_tag(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "interpreter"
+    major, minor = capability(device)
+    return f"{torch.cuda.get_device_name(device)} sm{major}{minor}"
+
+
+def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, shape: tuple, reset):
+    """The config `kernel` runs at this shape class (`TUNER`'s key: kernel, device, dtype, _CLASS_CONSTS,
+    n_q, n_k, batch × heads and the group bucketed): chosen among `_shortlist` of the fitting configs."""
+    Z, H, group, n_q, n_k = shape
+    key = (kernel, _device_tag(q.device), q.dtype, *(consts.get(name) for name in _CLASS_CONSTS),
+           tuning.bucket(n_q, floor=MIN_ROWS, cap=MAX_ROWS), tuning.bucket(n_k, floor=MIN_ROWS, cap=MAX_ROWS),
+           tuning.bucket(Z * H, floor=1, cap=MAX_HEADS), tuning.bucket(group, floor=1, cap=MAX_HEADS))
+    config = TUNER.memory.get(key)
+    if config is not None:
+        return config
+    fitting = _candidates(kernel, CONFIGS[kernel], consts, q)
+    rows, heads = (key[-3], key[-2] // key[-1]) if kernel == "dkdv" else (key[-4], key[-2])
+    programs = sm_count(q.device) if q.device.type == "cuda" else INTERPRETER_PROGRAMS
+    shortlist = _shortlist(kernel, fitting, d_pad=consts["HEAD_DIM_PAD"], rows=rows, heads=max(heads, 1),
+                           programs=programs)
+
+    def run(config):
+        if reset is not None:
+            reset()
+        fn[grid](*args, **consts, **config.all_kwargs())
+
+    config = TUNER.choose(key, shortlist, run)
+    if reset is not None and len(shortlist) > 1:
+        reset()  # after the timed runs (if any) the real one starts from zeros
+    return config
+
 
 # --------------------------------------------------------------------------------------- forward
 
 
-@triton.autotune(configs=CONFIGS["fwd"], key=_KEY + ["USE_TMA", "WARP_SPEC", "PERSISTENT"],
-                 prune_configs_by={"early_config_prune": _prune_by_head_dim("fwd")})
 @triton.jit(do_not_specialize=["Z", "N_Q", "N_K"])
 def _attn_fwd(Q, K, V, O, L, sm_scale,
               stride_qz, stride_qh, stride_qm,
@@ -610,9 +671,6 @@ def _attn_bwd_preprocess(O, DO, Delta,
     tl.store(Delta + (off_z * H + off_h).to(tl.int64) * N_Q + offs_m, delta, mask=row_ok)
 
 
-@triton.autotune(configs=CONFIGS["dkdv"], key=_KEY + ["ATOMIC_DQ", "USE_TMA", "TMA_DQ"],
-                 prune_configs_by={"early_config_prune": _prune_by_head_dim("dkdv")},
-                 pre_hook=_zero_atomic_dq)
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                    stride_qz, stride_qh, stride_qm,
@@ -689,7 +747,6 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
            dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
 
 
-@triton.autotune(configs=CONFIGS["dq"], key=_KEY + ["USE_TMA"], prune_configs_by={"early_config_prune": _prune_by_head_dim("dq")})
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
                  stride_qz, stride_qh, stride_qm,
@@ -906,7 +963,7 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
                   DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
                   PERSISTENT=persistent)
     with _device_guard(q4.device):
-        tiles = _launch("fwd", grid, args, consts, policy, q4)
+        tiles = _launch("fwd", grid, args, consts, policy, q4, shape=(Z, H, H // k4.shape[1], n_q, n_k))
     return o4, lse, {"fwd": tiles}
 
 
@@ -953,13 +1010,14 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy):
             ran["dq"] = _launch("dq", grid_queries,
                                 (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                                  *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes),
-                                consts, policy, q4)
+                                consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k))
         tma_dq = atomic and use_tma and policy.tma_reduce_dq and q4.device.type == "cuda" and not INTERPRET
         ran["dkdv"] = _launch("dkdv", grid_keys,
                               (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
                                *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
                                *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
-                              {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4)
+                              {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4,
+                              shape=(Z, *shapes[:2], n_q, n_k), reset=dq4.zero_ if atomic else None)
     # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match
     return dq4.to(q4.dtype), dk4, dv4, ran
 

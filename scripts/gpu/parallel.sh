@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issues 29, 30 and 31 on the GPU (kind nvidia-h200 for the one-GPU parts, -x2 / -x4 for the others), from
+# the repository root: `PARTS="..." bash scripts/gpu/parallel.sh`. Parts, in this order:
+#   degenerate  one GPU: parallel train on the mesh dp=1,tp=1,pp=1 beside bench e2e on the same model and
+#               numerics (xl bf16, batch 4 x 512, --fast off): the step times within 5 % (issue 29);
+#               REPS=N repeats the pair
+#   plan        one GPU: plan calibrate (xl's GEMM shapes, fp32 and bf16), then plan validate over
+#               small..2.7b, fp32 and bf16, with and without checkpointing (issue 30: within 10 %)
+#   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
+#   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
+#   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
+# Every command is time-guarded (scripts/gpu/lib.sh, BUDGET default 560 s; DRY_RUN=1 prints them); each
+# table goes to $OUT/<part>.md under the command that printed it.
+set -u
+BUDGET=${BUDGET:-560}; source scripts/gpu/lib.sh
+PARTS=${PARTS:-degenerate plan}
+XL="--size xl --dtype bf16 --batch-size 4 --context-length 512 --warmup 3 --steps 10"
+run() {  # run FILE lmsys-args: the table under its command in $OUT/FILE (nothing written when skipped)
+  local file=$1; shift
+  if have_time; then { md "$@"; L "$@" -f md; } >> "$OUT/$file"; else L "$@"; fi
+}
+{
+date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
+if part degenerate; then
+  for i in $(seq "${REPS:-1}"); do
+    T=120 run degenerate.md parallel train --mesh dp=1,tp=1,pp=1 --world-size 1 --backend nccl $XL
+    T=90 run degenerate.md bench e2e --device cuda $XL
+  done
+fi
+if part plan; then
+  T=120 X python3 -m lmsys plan calibrate --size xl --dtype fp32,bf16 --profile "$OUT/h200.yaml" -f md \
+    >> "$OUT/plan.md"
+  T=400 run plan.md plan validate --profile "$OUT/h200.yaml"
+fi
+# xl has 25 heads, which tp=2 does not divide: the multi-GPU parts take xl with 20 (scripts/gpu/xl-h20.yaml)
+W2="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"
+if part w2; then
+  T=200 run w2.md parallel train --mesh tp=2 $W2
+  T=200 run w2.md parallel train --mesh tp=2 --sequence-parallel $W2
+  for s in gpipe 1f1b; do
+    T=200 run w2.md parallel train --mesh pp=2 --pp-schedule $s --microbatches 8 $W2
+  done
+fi
+W4="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 4 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"
+if part w4; then
+  for dp in bucketed fsdp; do T=200 run w4.md parallel train --mesh dp=2,tp=2 --dp-strategy $dp $W4; done
+  T=200 run w4.md parallel train --mesh pp=2,tp=2 --microbatches 8 $W4
+  T=200 run w4.md parallel train --mesh pp=4 --pp-schedule interleaved-1f1b --virtual-stages 2 --microbatches 8 $W4
+fi
+if part sendrecv; then
+  T=200 run sendrecv.md comm send-recv --backend nccl --sizes 1KB,1MB,64MB,1GB --baseline
+fi
+echo "== done in $(elapsed)s"
+} 2>&1 | tee -a "$OUT/parallel.log"

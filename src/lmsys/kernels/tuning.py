@@ -1,0 +1,125 @@
+"""Autotuning by shape class, the choices kept on disk across processes.
+
+A `Tuner` picks one of a few candidate launch configs (triton.Config) per key, a shape class that the
+caller builds (bucketed lengths: a new length in a known class reuses the choice): the only candidate
+untimed, else the fastest by `bench` (median of triton.testing.do_bench) on the caller's inputs. Choices
+live in memory and in one JSON file per stamp (the versions and kernel source they hold for) under
+`cache_dir()`; a file that cannot be read or parsed is ignored, and files are replaced atomically
+(concurrent writers: the last one wins). Limits: the caller resets what a timed run accumulates into; no
+timing under CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+FORMAT = 1  # of the JSON file; part of its stamp
+BENCH_WARMUP_MS, BENCH_REP_MS = 5, 25  # do_bench's budgets per candidate (Triton's autotuner: 25, 100)
+
+
+def cache_dir() -> Path:
+    """$LMSYS_CACHE_DIR, else $XDG_CACHE_HOME/lmsys, else ~/.cache/lmsys."""
+    if os.environ.get("LMSYS_CACHE_DIR"):
+        return Path(os.environ["LMSYS_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "lmsys"
+    return Path.home() / ".cache" / "lmsys"
+
+
+def bucket(n: int, *, floor: int, cap: int) -> int:
+    """n's class: the largest power of two <= n, held within [floor, cap] (both powers of two)."""
+    return min(max(1 << (max(n, 1).bit_length() - 1), floor), cap)
+
+
+def bench(fn: Callable[[], None]) -> float:
+    """Milliseconds one call of `fn` takes: the median of triton.testing.do_bench."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median")
+
+
+def config_json(config) -> dict:
+    """A triton.Config as the JSON file stores it."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def _fastest(candidates: Sequence, run: Callable[[object], None]):
+    """The candidate `run` is fastest with; one that fails to compile or launch (a resource the estimate
+    missed) is passed over, as Triton's autotuner did; when all fail, the first one's error."""
+    times, errors = [], []
+    for config in candidates:
+        try:
+            times.append(bench(functools.partial(run, config)))  # .args[0]: the config
+        except Exception as exc:  # noqa: BLE001 - re-raised below when no candidate ran
+            times.append(float("inf"))
+            errors.append(exc)
+    if len(errors) == len(candidates):
+        raise errors[0]
+    return candidates[times.index(min(times))]
+
+
+class Tuner:
+    """Choices by key for one kernel family `name`; `stamp()` says what they hold for (versions, source)."""
+
+    def __init__(self, name: str, stamp: Callable[[], dict]):
+        self.name, self.stamp = name, stamp
+        self.memory: dict = {}  # key -> chosen config, this process
+
+    def path(self) -> Path:
+        """The JSON file of the current stamp."""
+        digest = hashlib.sha256(json.dumps(self._stamp(), sort_keys=True).encode()).hexdigest()[:16]
+        return cache_dir() / f"{self.name}-{digest}.json"
+
+    def choose(self, key: tuple, candidates: Sequence, run: Callable[[object], None]):
+        """The config for `key` among `candidates` (in order of preference): remembered, else the only one,
+        else the one the disk file names, else the fastest of `run(config)` timed by `bench` (then stored)."""
+        chosen = self.memory.get(key)
+        if chosen is not None:
+            return chosen
+        if len(candidates) == 1:
+            chosen = candidates[0]
+        else:
+            text = "|".join(map(str, key))
+            stored = self._read().get(text)
+            chosen = next((c for c in candidates if config_json(c) == stored), None)
+            if chosen is None:
+                chosen = _fastest(candidates, run)
+                self._write(text, config_json(chosen))
+        self.memory[key] = chosen
+        return chosen
+
+    def _stamp(self) -> dict:
+        return {"format": FORMAT, **self.stamp()}
+
+    def _read(self) -> dict:
+        """The stored choices, {} when the file is missing, unreadable, corrupt or of another stamp."""
+        try:
+            data = json.loads(self.path().read_text())
+        except (OSError, ValueError):
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) and data.get("stamp") == self._stamp() else None
+        return entries if isinstance(entries, dict) else {}
+
+    def _write(self, text: str, value: dict) -> None:
+        """Add one choice to the file (read again first: other processes' choices stay), atomically; a
+        cache dir that cannot be written keeps the choice in memory only."""
+        path = self.path()
+        entries = {**self._read(), text: value}
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"stamp": self._stamp(), "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except OSError:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
