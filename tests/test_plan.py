@@ -309,7 +309,8 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     (("--gpu", "h100", "--gpus", "5", "--global-batch", "2"), "no layout of 5 GPUs"),
 ])
 def test_plan_train_user_errors_are_one_line(lmsys, args, message):
-    base = ("plan", "train", "--size", "small") + (() if "--gpu" in args else ("--gpu", "A100"))
+    base = (("plan", "train") + (() if "--size" in args else ("--size", "small"))  # an option given twice is refused
+            + (() if "--gpu" in args else ("--gpu", "A100")))
     r = lmsys(*base, *args)
     if message is None:
         assert r.code == 0, r.err

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from lmsys import __version__
-from lmsys.commands import bench, comm, ddp, flash, parallel, plan, precision, profile
+from lmsys.commands import bench, comm, ddp, flash, listing, parallel, plan, precision, profile
 from lmsys.core.errors import Interrupted, LmsysError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(flash.app, name="flash")
 app.add_typer(plan.app, name="plan")
 app.add_typer(parallel.app, name="parallel")
 app.command("precision")(precision.precision)
+app.command("list")(listing.list_names)
 
 
 def _version(value: bool) -> None:

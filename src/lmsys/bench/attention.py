@@ -160,7 +160,8 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
                   batch: list[int] | None = None, heads: list[int] | None = None, d_head: list[int] | None = None,
                   seq_len: list[int] | None = None, dtype: str | None = None, causal: bool | None = None,
                   warmup: int | None = None, steps: int | None = None,
-                  kv_heads: int | None = None, policies: list[str] | None = None) -> tuple[Sweep, list[str]]:
+                  kv_heads: int | None = None, policies: list[str] | None = None,
+                  adapters: str | None = None) -> tuple[Sweep, list[str]]:
     """The sweep to run: the preset (or the seed's, or a small CPU one) with every given option on top.
     Returns it with notes saying what was chosen for the user."""
     from lmsys.core.devices import check_dtype_for_device
@@ -191,7 +192,10 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
     )
     if sweep.policies and "flash-triton" not in sweep.impls:
         raise LmsysError("--policy changes how flash-triton runs: add --impl flash-triton")
-    for name in sweep.impls:
+    from lmsys.kernels.registry import check_name, resolve
+
+    for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
+        resolve(check_name(name, adapters=adapters), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
     if sweep.warmup < 0 or sweep.steps < 1:
@@ -227,10 +231,13 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
 def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
     """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported."""
     from lmsys.core.devices import free_memory, is_oom
+    from lmsys.core.imports import NotImplementedByUser
 
     try:
         row = {**key, **_measure(key["impl"], key["batch"], key["heads"], key["d"], key["seq"], sweep, device,
                                  policy=changes)}
+    except NotImplementedByUser as exc:
+        row = {**key, "status": exc.status}
     except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
         if is_oom(exc):
             row = {**key, "status": "OOM"}

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
-from lmsys.core.flops import MFU_NOTE, mfu, model_flops
+from lmsys.core.flops import MFU_NOTE, mfu
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
@@ -24,6 +24,31 @@ from lmsys.train.workload import Workload
 
 MODE_CHOICES = (*MODES, "all")
 PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
+
+
+def check_user_fast_path(config: ModelConfig, options: dict, checkpoints: list[str]) -> dict:
+    """The fast-path switches on a --model: per-block compile and the in-backward optimizer need its list
+    of blocks (found: lmsys.model.user.find_blocks); chunked cross-entropy and checkpointing need lmsys's
+    structure (hidden states and an LM head; blocks called as block(x, cos, sin)), so they are refused."""
+    from lmsys.model.user import find_blocks, is_user_model
+
+    if not is_user_model(config):
+        return options
+    if options.get("fused_ce") is True:
+        raise LmsysError(f"--fused-ce on needs lmsys's hidden states and LM head; --model {config.model} has "
+                         "neither (use --fused-ce off)")
+    if any(c != "none" for c in checkpoints):
+        raise LmsysError(f"--checkpoint calls lmsys's blocks as block(x, cos, sin); --model {config.model}'s "
+                         "blocks take their own arguments (use --checkpoint none)")
+    if options.get("compile") == "blocks" or options.get("optimizer_in_backward"):
+        from lmsys.train.build import build_model
+
+        blocks = find_blocks(build_model(config, device="meta"))
+        if blocks is None:
+            what = "--compile-blocks" if options.get("compile") == "blocks" else "--optimizer-in-backward"
+            raise LmsysError(f"{what} needs a list of blocks; --model {config.model} has no ModuleList of "
+                             "modules of one type")
+    return {**options, "fused_ce": False}  # "auto" would pick the chunked loss for a large vocabulary
 
 
 def check_memory(configs: list[tuple[str, ModelConfig]], device, *, batch_size: int, dtype: str) -> None:
@@ -94,7 +119,7 @@ def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: li
     out = []
     for name, cfg in configs:
         for policy in checkpoints:  # Workload validates the policy
-            out.append((name, Workload(cfg, checkpoint=policy, **options)))
+            out.append((name, Workload(cfg, checkpoint=policy, **check_user_fast_path(cfg, options, checkpoints))))
     return out
 
 
@@ -221,6 +246,8 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
             peak_fwd, peak_step = peaks["fwd"], peaks["step"]
             stats = timer.stats()
             step_ms = stats["step"].mean
+            from lmsys.model.user import model_flops
+
             flops = model_flops(cfg, batch_size=workload.batch_size, seq_len=cfg.context_length,
                                 backward=mode != "fwd")
             util = mfu(flops, step_ms, peak)

@@ -82,8 +82,21 @@ def device_dtypes(device) -> list[str]:
     return list(DTYPE_CHOICES)
 
 
-def check_impl(impl: str) -> str:
-    return choose(impl, FLASH_IMPLS, what="--impl")
+def check_impl(impl: str, *, adapters: str | None = None) -> str:
+    """flash-torch, flash-triton, or a user's: yours-torch / yours-triton (--adapters), pkg.module:Name."""
+    from lmsys.core.imports import is_import_path
+    from lmsys.kernels.registry import ADAPTER_NAMES, check_name
+
+    if impl in FLASH_IMPLS or is_import_path(impl):
+        return impl
+    if impl in ADAPTER_NAMES:
+        return check_name(impl, adapters=adapters, what="--impl")
+    raise LmsysError(f"--impl must be one of {', '.join(FLASH_IMPLS)}, {', '.join(ADAPTER_NAMES)} (with --adapters) "
+                     f"or pkg.module:Name, not {impl!r}")
+
+
+def is_user(impl: str) -> bool:
+    return impl not in FLASH_IMPLS
 
 
 def supported(impl: str, d: int, dtype: str) -> bool:
@@ -92,7 +105,8 @@ def supported(impl: str, d: int, dtype: str) -> bool:
 
 
 def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
-                 head_dims: tuple[int, ...] = HEAD_DIMS, impl: str = "flash-torch") -> list[Case]:
+                 head_dims: tuple[int, ...] = HEAD_DIMS, impl: str = "flash-torch",
+                 three_d: bool = False) -> list[Case]:
     """Head dims and dtypes cycle (every combination the implementation supports appears once count >=
     their product); lengths are mostly odd, n_q != n_k most of the time, causal about half of the cases."""
     if count < 1:
@@ -115,7 +129,9 @@ def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
                         for a in range(len(head_dims)) for b in range(len(dtypes))
                         if supported(impl, head_dims[(i + a) % len(head_dims)], dtypes[(turn + b) % len(dtypes)]))
         lead, kv_heads = rng.choice(LEADING_DIMS), None
-        if i % 3 == 2:  # grouped-query: [batch, Hq] leading dims, k and v with Hkv heads
+        if three_d:  # a user's attention: CS336's [batch, seq, d]
+            lead = (rng.randint(1, 3),)
+        elif i % 3 == 2:  # grouped-query: [batch, Hq] leading dims, k and v with Hkv heads
             hq, kv_heads = rng.choice(GQA_HEADS)
             lead = (rng.randint(1, 2), hq)
         cases.append(Case(lead=lead, n_q=n_q, n_k=n_k, d=d, dtype=dtype, causal=causal, kv_heads=kv_heads))
@@ -135,6 +151,66 @@ def _saved_lse(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     if len(saved) != 1:
         raise LmsysError("the implementation did not save exactly one float32 logsumexp of shape q.shape[:-1]")
     return saved[0]
+
+
+def saved_contract(out, q) -> tuple[torch.Tensor | None, str]:
+    """(the saved logsumexp L or None, whether the saved tensors follow CS336's contract: exactly one
+    fp32 L of shape q.shape[:-1] beside q, k, v, o)."""
+    try:
+        saved = list(out.grad_fn.saved_tensors)
+    except (AttributeError, RuntimeError):
+        return None, "no (no autograd.Function)"
+    lse = [t for t in saved if t.shape == q.shape[:-1] and t.dtype == torch.float32]
+    others = [t for t in saved if not any(t is l for l in lse)]
+    if len(lse) == 1 and len(others) == 4:
+        return lse[0], "yes"
+    shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in saved)
+    return (lse[0] if len(lse) == 1 else None), f"no (saved {shapes or 'nothing'})"
+
+
+def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters: str | None) -> Iterator[dict]:
+    """A user's attention on [batch, seq, d] cases: per case the error of O, L (when saved), dQ, dK, dV,
+    which tensors are off (shape, max abs and relative error against float64), and whether the saved
+    tensors follow CS336's contract (a separate column that does not fail the case). A function that is
+    missing or raises NotImplementedError gives one `not implemented (...)` row."""
+    from lmsys.core.imports import NotImplementedByUser
+    from lmsys.kernels.registry import resolve
+
+    fn = resolve(impl, adapters=adapters)
+    for i, case in enumerate(cases):
+        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        dtype = torch_dtype(case.dtype)
+        q, k, v = (torch.randn(*case.lead, n, case.d, generator=gen).to(dtype) for n in (case.n_q, case.n_k, case.n_k))
+        do = torch.randn(*case.lead, case.n_q, case.d, generator=gen).to(dtype)
+        q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
+        key = {"impl": impl, "case": i + 1, "batch": case.lead[0], "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
+               "dtype": case.dtype, "causal": case.causal}
+        try:
+            out = fn(q_, k_, v_, case.causal)
+            lse, contract = saved_contract(out, q_)
+            dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
+        except NotImplementedByUser as exc:
+            yield {**key, "result": exc.status}
+            return
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
+        refs = dict(zip(("dQ", "dK", "dV"), torch.autograd.grad(o_ref, (q64, k64, v64), do.double())))
+        tensors = [("O", out, o_ref)] + ([("L", lse, lse_ref)] if lse is not None else []) + \
+                  [(name, got, refs[name]) for name, got in (("dQ", dq), ("dK", dk), ("dV", dv))]
+        errors = {name: relative_error(got, ref) for name, got, ref in tensors}
+        tol = TOLERANCE[case.dtype]
+        off = []
+        for name, got, ref in tensors:
+            if not errors[name] <= tol or tuple(got.shape) != tuple(ref.shape):
+                if tuple(got.shape) != tuple(ref.shape):
+                    off.append(f"{name} shape {list(got.shape)}, expected {list(ref.shape)}")
+                    continue
+                diff = (got.detach().to("cpu", torch.float64) - ref.detach()).abs()
+                rel = (diff / ref.detach().abs().clamp_min(1e-6)).max().item()
+                off.append(f"{name} {list(got.shape)}: max abs {diff.max().item():.3g}, max rel {rel:.3g}")
+        ok = not off and out.dtype == dtype
+        yield {**key, **{f"{n} err": errors.get(n) for n in ("O", "L", "dQ", "dK", "dV")}, "tol": tol,
+               "off": "; ".join(off) or "—", "CS336 saved L": contract, "result": "pass" if ok else "FAIL"}
 
 
 def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[dict]:

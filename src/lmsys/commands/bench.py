@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.model.config import ATTENTION_IMPLS
+from lmsys.kernels.registry import NAMES as ATTENTION_NAMES
 from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
                                     check_render_options, emit, require_triton, track)
 
@@ -27,7 +27,7 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_IMPLS) + ". Default naive (sdpa with --fast).")] = None,
+    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
     compile_blocks: Annotated[bool, typer.Option("--compile-blocks", metavar="", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", metavar="", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
@@ -40,6 +40,8 @@ def e2e(
     sm_carveout: Annotated[Optional[int], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
     fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or factory, built with --size's sizes by keyword, ids [B, S] -> logits [B, S, V]); `list` lists them. Default: lmsys.")] = None,
+    model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
     compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
     format: FormatOpt = "table",
@@ -47,14 +49,19 @@ def e2e(
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
     from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import choose
+    from lmsys.commands.listing import list_if_asked
+    from lmsys.kernels.registry import check_name
+    from lmsys.model.user import check_model, parse_model_kwargs
 
+    list_if_asked(model=model)
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None:
-        choose(attn, ATTENTION_IMPLS, what="attention implementation")
+        check_name(attn)
+    model = check_model(model) if model else None
+    kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
@@ -74,7 +81,8 @@ def e2e(
         require_triton("--master-weights (a fused Triton AdamW)")
     sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
     configs = resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                              d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"))
+                              d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
+                              model=model, model_kwargs=kwargs_json)
     workloads = e2e.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     e2e.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
@@ -86,7 +94,8 @@ def e2e(
 
 @app.command("attention")
 def attention(
-    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton, yours-torch, yours-triton (with --adapters), pkg.module:Name or file.py:Name (your attention on [batch, seq, d]: heads are folded into the batch); `list` lists them. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     batch: Annotated[Optional[str], typer.Option("--batch-size", "--batch", help="Batch sizes, comma-separated. Defaults (here and below): the seed's sweep (batch 8, 1 head, d 16,32,64,128, seq 256..16384, fp32, no mask, warmup 10, steps 100) on a GPU or whenever a size option is given; on a CPU without sizes a small one (batch 1, d 16,64, seq 128,256, warmup 1, steps 5).")] = None,
     heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
@@ -104,7 +113,10 @@ def attention(
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
+    from lmsys.commands.listing import list_if_asked
     from lmsys.core.files import check_output_path
+
+    list_if_asked(impl=impl)
 
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_output_path(plot, what="--plot")
@@ -126,6 +138,7 @@ def attention(
         d_head=parse_int_list(d_head, what="--d-head") or None,
         seq_len=parse_int_list(seq_len, what="--context-length") or None,
         dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, policies=policy,
+        adapters=adapters,
     )
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)

@@ -14,7 +14,10 @@ app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-
 
 @app.command("train")
 def train(
-    strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp | torch-fsdp; repeat or comma-separate to compare in one run. Default: all.")] = None,
+    strategy: Annotated[Optional[List[str]], typer.Option(help="naive | flat | overlap | bucketed | torch-ddp | fsdp | torch-fsdp | yours | yours-bucketed | yours-fsdp | yours-zero1 (the last four: your code through --adapters; yours-zero1 = lmsys's bucketed DDP with your sharded optimizer) | pkg.module:Class (your DDP-style wrapper); repeat or comma-separate to compare in one run; `list` lists them. Default: lmsys's and torch's (and, with --adapters, yours).")] = None,
+    adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or an importable module name): rows yours, yours-bucketed, yours-fsdp, yours-zero1 from what it implements.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name (your model class or factory, built with --size's sizes); `list` lists them. Default: lmsys.")] = None,
+    model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
     bucket_mb: Annotated[str, typer.Option(help="Bucket caps for bucketed, in MiB (as torch DDP's bucket_cap_mb), comma-separated: one row each.")] = "25",
     comm_dtype: Annotated[str, typer.Option(help="dtype bucketed DDP communicates gradients in: fp32 | bf16, comma-separated: one row each.")] = "fp32",
     lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done) | copy-engine (buckets all-reduced by the GPUs' copy engines over NVLink, no SMs taken from backward; GPUs of one host); comma-separated.")] = "",
@@ -40,16 +43,22 @@ def train(
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
     from lmsys.distributed.runs import (SHARDABLE, check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
-                                        train_notes)
+                                        shardable, train_notes)
 
+    from lmsys.commands.listing import list_if_asked
+    from lmsys.model.user import check_model, parse_model_kwargs
+
+    list_if_asked(strategy=strategy, model=model)
     check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
+    model = check_model(model) if model else None
+    kwargs_json = parse_model_kwargs(model_kwargs)
     check_one_size(size, command="ddp train", why="one model per run")
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     runs = parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
-                      sm_carveout=sm_carveout)
+                      sm_carveout=sm_carveout, adapters=adapters)
     ctas = set_nccl_ctas(nccl_ctas)
-    if shard_optimizer and not any(r.strategy in SHARDABLE for r in runs):
+    if shard_optimizer and not any(shardable(r.strategy) for r in runs):
         raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}); "
                          "the strategies asked for shard in their own way or not at all")
 
@@ -64,9 +73,11 @@ def train(
     check_levers_for_backend(runs, backend)
     if warning := launch.warn_oversubscription(world_sizes, backend):
         typer.echo(warning, err=True)
-    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs)
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs,
+                                              model=model, model_kwargs=kwargs_json)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
-                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline)
+                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline,
+                  model=model, model_kwargs=kwargs_json)
     reports = []
     for n in world_sizes:  # one torchrun job and one report per world size
         result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend)
@@ -85,3 +96,7 @@ def train(
         title = "ddp train" if len(world_sizes) == 1 else f"ddp train: world size {n}"
         reports.append(Report(title, result["rows"], meta, notes))
     emit(reports, format, output)
+    failed = [row["strategy"] for report in reports for row in report.rows if str(row.get("status", "")).startswith("FAIL")]
+    if failed:
+        typer.echo(f"parity FAIL: {', '.join(failed)}", err=True)
+        raise typer.Exit(1)

@@ -14,7 +14,8 @@ app = typer.Typer(help="FlashAttention-2: correctness checks of the PyTorch and 
 
 @app.command("check")
 def check(
-    impl: Annotated[Optional[str], typer.Option(help="flash-torch | flash-triton. Default: flash-triton on a GPU (or under TRITON_INTERPRET=1), else flash-torch.")] = None,
+    impl: Annotated[Optional[str], typer.Option(help="flash-torch | flash-triton | yours-torch | yours-triton (with --adapters) | pkg.module:Name or file.py:Name (your autograd.Function or callable (q, k, v, is_causal) on [batch, seq, d]); comma-separate several; `list` lists them. Default: flash-triton on a GPU (or under TRITON_INTERPRET=1), else flash-torch; with --adapters, yours-torch,yours-triton.")] = None,
+    adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     device: DeviceOpt = "auto",
     cases: Annotated[int, typer.Option(help="Random cases (shapes, dtypes, causality) to run.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the shapes and of the inputs.")] = 0,
@@ -24,8 +25,10 @@ def check(
     output: OutputOpt = None,
 ):
     """Compare a FlashAttention-2 implementation with a float64 reference on random awkward shapes (exit 1 if any case fails)."""
+    from lmsys.commands.listing import list_if_asked
     from lmsys.core.errors import LmsysError
 
+    list_if_asked(impl=impl)
     check_render_options(format, output, device=device)  # before torch is imported
     if not 0 <= seed < 2**63:  # torch.manual_seed takes a 64-bit seed
         raise LmsysError(f"--seed must be in 0 .. 2**63-1, got {seed}")
@@ -36,22 +39,35 @@ def check(
     from lmsys.bench import flash_check
 
     dev = resolve_device(device)
-    name = flash_check.check_impl(impl or flash_check.default_impl(dev))
-    check_attention_impl(name, dev)
+    default = "yours-torch,yours-triton" if adapters and impl is None else flash_check.default_impl(dev)
+    names = [flash_check.check_impl(n, adapters=adapters)
+             for n in dict.fromkeys(parse_list(impl or default, str, what="--impl"))]
+    for one in names:
+        check_attention_impl(one, dev)
+    name = ", ".join(names)
     dtypes = parse_list(dtype, flash_check.check_dtype, what="--dtype") if dtype else flash_check.device_dtypes(dev)
-    drawn = flash_check.random_cases(
-        cases, seed=seed, dtypes=dtypes, max_len=flash_check.default_max_len(dev) if max_len is None else max_len,
-        impl=name)
-    rows = list(track(flash_check.run_check(name, drawn, device=dev, seed=seed), total=len(drawn),
-                      description="flash check"))
+    length = flash_check.default_max_len(dev) if max_len is None else max_len
+    rows = []
+    for one in names:
+        user = flash_check.is_user(one)
+        drawn = flash_check.random_cases(cases, seed=seed, dtypes=dtypes, max_len=length, impl=one, three_d=user)
+        run = (flash_check.run_user_check(one, drawn, device=dev, seed=seed, adapters=adapters) if user
+               else flash_check.run_check(one, drawn, device=dev, seed=seed))
+        rows += track(run, total=len(drawn), description=f"flash check {one}")
     meta = environment(dev)
-    meta["run"] = f"impl {name}, {len(drawn)} cases, seed {seed}, reference float64 on the CPU"
-    failed = sum(r["result"] != "pass" for r in rows)
+    meta["run"] = f"impl {name}, {cases} cases, seed {seed}, reference float64 on the CPU"
+    skipped = sum(r["result"].startswith("not implemented") for r in rows)
+    failed = sum(r["result"] != "pass" and not r["result"].startswith("not implemented") for r in rows)
     notes = [
         "err = max |x - ref| / max(max |ref|, 1) for O, the saved logsumexp L, and dQ, dK, dV (dO random); "
         "tolerance fp32 1e-4, bf16/fp16 2e-2.",
-        f"{len(rows) - failed} of {len(rows)} cases pass." if not failed else f"{failed} of {len(rows)} cases FAIL.",
+        f"{len(rows) - failed - skipped} of {len(rows) - skipped} cases pass." if not failed
+        else f"{failed} of {len(rows) - skipped} cases FAIL.",
     ]
+    if any(flash_check.is_user(n) for n in names):
+        notes.append("Your attention gets CS336's [batch, seq, d]. off: the tensors beyond the tolerance, their shape "
+                     "and max abs / max rel error against float64. CS336 saved L: whether the saved tensors are "
+                     "exactly one fp32 L of shape q.shape[:-1] beside q, k, v, o (not part of pass/FAIL).")
     emit(Report(f"flash check: {name}", rows, meta, notes), format, output)
     if failed:
         raise typer.Exit(1)

@@ -27,6 +27,11 @@ MemoryOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
     "Where the files go: the snapshot pickle and the timeline PNG (one of each per context length; "
     "with --snapshot, the PNG only)."))]
 MemoryTopOpt = Annotated[int, typer.Option("--top", help="Rows in the largest-allocations table.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help=(
+    "lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or "
+    "factory, built with --size's sizes by keyword); `list` lists them. Default: lmsys."))]
+ModelKwargsOpt = Annotated[Optional[str], typer.Option("--model-kwargs", help=(
+    "Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file."))]
 
 
 def _say(message: str) -> None:
@@ -37,11 +42,22 @@ def _say(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive"):
+def _check_model(model: Optional[str], model_kwargs: Optional[str]) -> tuple[Optional[str], str]:
+    """--model / --model-kwargs checked before torch loads (`--model list` lists and exits)."""
+    from lmsys.commands.listing import list_if_asked
+    from lmsys.model.user import check_model, parse_model_kwargs
+
+    list_if_asked(model=model)
+    return (check_model(model) if model else None), parse_model_kwargs(model_kwargs)
+
+
+def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive",
+                model: Optional[str] = None, model_kwargs: str = ""):
     from lmsys.model.config import default_size, resolve_configs
 
     name = size or default_size(dev.type)
-    return resolve_configs([name], context_length=context_length, attn_impl=attn_impl)[0]
+    return resolve_configs([name], context_length=context_length, attn_impl=attn_impl, model=model,
+                           model_kwargs=model_kwargs)[0]
 
 
 def _make_out_dir(out_dir: Path) -> None:
@@ -72,6 +88,8 @@ def nsys(
     top: NsysTopOpt = 10,
     annotate_attention: Annotated[bool, typer.Option(
         "--annotate-attention", metavar="", help="Attention with ATTN_QK_MATMUL / ATTN_SOFTMAX / ATTN_AV_MATMUL ranges.")] = False,
+    model: ModelOpt = None,
+    model_kwargs: ModelKwargsOpt = None,
     nsys_args: Annotated[str, typer.Option(help="Extra `nsys profile` options, e.g. '--cuda-memory-usage=true'.")] = "",
     out_dir: NsysOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
@@ -87,6 +105,7 @@ def nsys(
     from lmsys.profiling import report
     from lmsys.profiling.phases import check_mode
 
+    model, kwargs_json = _check_model(model, model_kwargs)
     check_render_options(format, output)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
     check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
@@ -107,7 +126,8 @@ def nsys(
     report.check_engine(engine, dev)
     check_dtype_for_device(dtype, dev)
     name, cfg = _one_config(size, dev, context_length=context_length,
-                            attn_impl="annotated" if annotate_attention else "naive")
+                            attn_impl="annotated" if annotate_attention else "naive", model=model,
+                            model_kwargs=kwargs_json)
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode)
     base = report.step_name(engine, name, context_length=context_length, annotated=annotate_attention, **run)
@@ -154,6 +174,8 @@ def memory(
     snapshot: Annotated[Optional[Path], typer.Option(
         help="Render this snapshot pickle (from a GPU run, or torch.cuda.memory._dump_snapshot) instead of running.")] = None,
     max_entries: Annotated[int, typer.Option(help="Allocator events kept in the history (older ones drop out).")] = 1_000_000,
+    model: ModelOpt = None,
+    model_kwargs: ModelKwargsOpt = None,
     out_dir: MemoryOutDirOpt = Path("lmsys-out/profile"),
     format: FormatOpt = "table",
     output: OutputOpt = None,
@@ -163,6 +185,7 @@ def memory(
     from lmsys.profiling.memory_analysis import analyze_snapshot, load_snapshot
     from lmsys.profiling.memory_capture import check_cuda
 
+    model, kwargs_json = _check_model(model, model_kwargs)
     check_render_options(format, output)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
     check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
@@ -184,7 +207,7 @@ def memory(
     dev = resolve_device(device)
     check_cuda(dev)
     check_dtype_for_device(dtype, dev)
-    configs = [_one_config(size, dev, context_length=c) for c in contexts]
+    configs = [_one_config(size, dev, context_length=c, model=model, model_kwargs=kwargs_json) for c in contexts]
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode, steps=steps)
     sweep = memory.sweep_contexts(configs, dev, max_entries=max_entries, out_dir=out_dir, **run)

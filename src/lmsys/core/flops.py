@@ -38,6 +38,18 @@ def model_flops(config, *, batch_size: int, seq_len: int, backward: bool) -> flo
     return per_token * batch_size * seq_len
 
 
+def module_matmul_params(model) -> int:
+    """Weights one token multiplies by in `model` (a torch module, duck-typed): every module's own 2-D
+    `weight` (Linear, GPT-2's Conv1D, a hand-written Linear), counted once per module that uses it (a
+    tied LM head counts), embedding tables (a lookup: class name ending in Embedding) not."""
+    total = 0
+    for module in model.modules():
+        weight = getattr(module, "_parameters", {}).get("weight")
+        if weight is not None and weight.dim() == 2 and not type(module).__name__.endswith("Embedding"):
+            total += weight.numel()
+    return total
+
+
 def attention_flops(*, batch: int, heads: int, n_queries: int, n_keys: int, d_head: int,
                     causal: bool, direction: str) -> float:
     """direction: 'fwd', 'bwd' or 'fwd+bwd'."""

@@ -3,7 +3,7 @@
 On a CUDA device each region is bracketed by CUDA events recorded on the current stream, and the events
 are read once, after a single synchronisation at the end: timing does not serialise the host with the
 device between regions. Elsewhere the host clock (perf_counter) is read around the region. Warm-up steps
-are the caller's business and are never recorded.
+are the caller's (or `time_fn`'s) business and are never recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,16 @@ class RegionTimer:
         names = list(dict.fromkeys([*self._host, *self._pending]))
         return {name: Stats(tuple(self.samples(name))) for name in names}
 
+
+def time_fn(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu") -> Stats:
+    """Run `fn` `warmup` times unrecorded, then time `steps` calls one by one (plan calibrate's rates)."""
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    timer = RegionTimer(device)
+    for _ in range(steps):
+        with timer.region("fn"):
+            fn()
+    return Stats(tuple(timer.samples("fn")))

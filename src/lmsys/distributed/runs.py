@@ -9,11 +9,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.imports import is_import_path
 from lmsys.core.parsing import choose, parse_list
+from lmsys.distributed.strategies import STRATEGIES as REGISTRY, check_name
 from lmsys.train.optim import DDP_TRAIN_LR
 
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
-SHARDABLE = STRATEGIES[:5]  # --shard-optimizer wraps their AdamW in ZeRO-1; the FSDPs shard their own way
+# The rows without --strategy: lmsys's own and torch's (with --adapters, the adapters' rows too)
+STRATEGIES = tuple(name for name, s in REGISTRY.items() if not s.adapters)
+ADAPTER_STRATEGIES = tuple(name for name, s in REGISTRY.items() if s.adapters)
+# --shard-optimizer wraps their AdamW in ZeRO-1 (`shardable`: yours, yours-bucketed and a DDP-style import
+# path too); the FSDPs shard their own way, yours-zero1 brings its own sharded optimizer
+SHARDABLE = tuple(name for name in STRATEGIES if not REGISTRY[name].shards_params)
 COMM_DTYPES = ("fp32", "bf16")
 BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 
@@ -27,42 +33,64 @@ class RunSpec:
     comm_dtype: str = "fp32"  # bucketed only: dtype the gradients travel in
     lever: Optional[str] = None  # bucketed only: one of BUCKET_LEVERS on top of the plain row
     sm_carveout: Optional[int] = None  # bucketed only: SMs cuBLAS leaves to NCCL while buckets reduce
+    adapters: Optional[str] = None  # the CS336 adapters module (a .py path or a module name), for yours-*
 
     @property
     def label(self) -> str:
         label = self.strategy
-        if self.strategy == "bucketed":
+        if self.bucket_mb is not None and (is_import_path(self.strategy) or REGISTRY[self.strategy].bucketed):
             label += f" {self.bucket_mb:g} MiB" + (f" {self.comm_dtype} grads" if self.comm_dtype != "fp32" else "")
             label += f" +{self.lever}" if self.lever else ""
             label += f" +carveout {self.sm_carveout}" if self.sm_carveout is not None else ""
         return label
 
 
+def shardable(name: str) -> bool:
+    from lmsys.distributed.strategies import get
+
+    strategy = get(name)
+    return not strategy.shards_params and strategy.optimizer is None
+
+
 def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: list[str],
-                levers: Optional[list[str]] = None, carveouts: Optional[list[int]] = None) -> list[RunSpec]:
+                levers: Optional[list[str]] = None, carveouts: Optional[list[int]] = None,
+                adapters: Optional[str] = None) -> list[RunSpec]:
     """bucketed: a row per comm dtype × cap, then each lever and each SM carveout on top of the first
-    comm dtype and cap."""
+    comm dtype and cap. yours-bucketed and a wrapper taking bucket_size_mb: a row per cap; yours-zero1
+    runs on the first cap."""
+    from lmsys.distributed.strategies import get
+
     runs = []
     for s in strategies:
         if s == "bucketed":
             runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
             runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
             runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], sm_carveout=n) for n in carveouts or []]
+        elif s == "yours-zero1":
+            runs.append(RunSpec(s, bucket_mbs[0], adapters=adapters))
+        elif get(s).bucketed:  # import paths are loaded here: their signature says
+            runs += [RunSpec(s, mb, adapters=adapters) for mb in bucket_mbs]
         else:
-            runs.append(RunSpec(s))
+            runs.append(RunSpec(s, adapters=adapters))
     return runs
 
 
-def _unique(value, what: str, choices: tuple[str, ...]) -> list[str]:
+def _unique(value, what: str, choices) -> list[str]:
     items = list(dict.fromkeys(parse_list(value, str, what=what)))
     for item in items:
         choose(item, choices, what=what)
     return items
 
 
-def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carveout: str = "") -> list[RunSpec]:
+def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carveout: str = "",
+               adapters: Optional[str] = None) -> list[RunSpec]:
     """The command line's strategy options -> the rows to run (every value checked, one-line errors)."""
-    strategies = _unique(strategy, "--strategy", STRATEGIES) if strategy else list(STRATEGIES)
+    if strategy:
+        strategies = list(dict.fromkeys(parse_list(strategy, str, what="--strategy")))
+        for name in strategies:
+            check_name(name, adapters=adapters)
+    else:
+        strategies = list(STRATEGIES) + (list(ADAPTER_STRATEGIES) if adapters else [])
     bucket_mbs = parse_list(bucket_mb, float, what="--bucket-mb")
     if any(not mb > 0 or mb == float("inf") for mb in bucket_mbs):
         raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
@@ -77,8 +105,12 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carv
         raise LmsysError("--sm-carveout: every value must be a number of SMs >= 0")
     if carveouts and "bucketed" not in strategies:
         raise LmsysError("--sm-carveout applies to the bucketed strategy: add --strategy bucketed")
+    if adapters is not None:  # a file that does not import is one line now, not one per rank later
+        from lmsys.core.imports import load_module
+
+        load_module(adapters, what="--adapters")
     return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers,
-                       carveouts=carveouts)
+                       carveouts=carveouts, adapters=adapters)
 
 
 def check_levers_for_backend(runs: list[RunSpec], backend: str) -> None:
@@ -124,6 +156,15 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
     if "torch-fsdp" in strategies:
         notes.append("torch-fsdp: torch's FSDP2 fully_shard on each block and the root, parameters in the "
                      "autocast dtype, gradients reduced in fp32.")
+    for name in sorted(strategies & set(ADAPTER_STRATEGIES)) + sorted(filter(is_import_path, strategies)):
+        help = REGISTRY[name].help if name in REGISTRY else "your wrapper, Class(module[, bucket_size_mb])"
+        notes.append(f"{name}: {help}.")
+    if baseline:
+        notes.append("A row FAILs (exit 1) when its parity passes the tolerance for its dtype (fp32: 1e-4; "
+                     "bf16/fp16 autocast or bf16 gradients: 2·lr·steps) or, for strategies holding whole "
+                     "gradients, when its gradients after the first backward differ from one process's by more "
+                     "than 1e-4 (fp32) or 5e-2 (otherwise) of their largest magnitude; the status names the "
+                     "worst parameter.")
     if not baseline:
         notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
     return notes

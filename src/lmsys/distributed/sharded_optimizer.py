@@ -191,7 +191,10 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
         tensors = optimizer.state_tensors()
     else:
         inner = getattr(optimizer, "local_optimizer", None) or optimizer
-        tensors = [value for state in inner.state.values() for value in state.values() if torch.is_tensor(value)]
+        # a user's sharded optimizer may keep its local optimizer under any attribute name
+        inners = [inner] + [v for v in vars(inner).values() if isinstance(v, torch.optim.Optimizer) and v is not inner]
+        tensors = [value for opt in inners for state in opt.state.values() for value in state.values()
+                   if torch.is_tensor(value)]
     seen: set[int] = set()
     total = 0
     for value in tensors:

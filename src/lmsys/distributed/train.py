@@ -19,42 +19,45 @@ per-rank batch, 100 % is perfect) and parity.
 from __future__ import annotations
 
 import gc
-from functools import partial
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
+from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory
+from lmsys.core.imports import NotImplementedByUser
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, Stats, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.runs import RunSpec
 from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
+from lmsys.distributed.strategies import (final_parameters, get as get_strategy, gradients, make_strategy_optimizer,
+                                          optimizer_label, step_hooks, wrap_model)
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
+from lmsys.model.user import with_model
 from lmsys.train.build import build_model
-from lmsys.train.optim import ADAMW_DEFAULTS, DDP_TRAIN_LR, make_optimizer
+from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
 from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 
 
 def resolve_model_size(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
-                       runs: list[RunSpec]) -> tuple[str, int]:
+                       runs: list[RunSpec], model: Optional[str] = None, model_kwargs: str = "") -> tuple[str, int]:
     """(size, context length) of the model `ddp train` builds, resolved and checked once in the
     launching process (not on every rank): the defaults for the backend's device, the dtype on that
-    device and for the strategies, a bad preset or YAML."""
+    device and for the strategies, a bad preset or YAML, a --model that does not build."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
     from lmsys.model.config import default_context_length, default_size, resolve_configs
 
     device_type = "cuda" if backend == "nccl" else "cpu"
     check_dtype_for_device(dtype, resolve_device(device_type))
-    if dtype == "fp16" and any(r.strategy in ("fsdp", "torch-fsdp") for r in runs):
+    if dtype == "fp16" and any(get_strategy(r.strategy).shards_params for r in runs):
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
     size = size or default_size(device_type)
     if context_length is None:  # an explicit 0 must reach the check, not become the default
         context_length = default_context_length(device_type)
-    resolve_configs([size], context_length=context_length)
+    resolve_configs([size], context_length=context_length, model=model, model_kwargs=model_kwargs)
     return size, context_length
 
 
@@ -81,8 +84,8 @@ class BatchSource:
 
 def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: int, batch_size: int,
               dtype: str, steps: int, warmup: int, shard_optimizer: bool, seed: int = 0,
-              baseline: bool = True) -> dict:
-    config = get_config(size).with_overrides(context_length=context_length)
+              baseline: bool = True, model: Optional[str] = None, model_kwargs: str = "") -> dict:
+    config = with_model(get_config(size).with_overrides(context_length=context_length), model, model_kwargs)
     source = BatchSource(vocab_size=config.vocab_size, seq_len=context_length,
                          global_batch=batch_size * ctx.world_size, seed=seed)
     total = warmup + steps
@@ -96,7 +99,8 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
     batches = [_to(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
     for spec in (RunSpec(**r) for r in runs):
         row = strategy_run(ctx, config, spec, batches, dtype=dtype, warmup=warmup,
-                           shard_optimizer=shard_optimizer, seed=seed, reference=reference, single_ms=single_ms)
+                           shard_optimizer=shard_optimizer, seed=seed, reference=reference, single_ms=single_ms,
+                           tolerance=parity_tolerance(dtype, spec, total=total))
         if ctx.is_main:
             rows.append(row)
         barrier(ctx)
@@ -162,36 +166,55 @@ def _to(batch, device):
     return tuple(t.to(device) for t in batch)
 
 
-def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, tracker=None) -> RegionTimer:
-    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). With `tracker`
-    (a PhaseTracker), the gradient sync the runner calls after backward enters its `comm` phase."""
+def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
+               on_first_grads=None, tracker=None) -> RegionTimer:
+    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). `before` and
+    `after_backward` default to the model's on_train_batch_start / finish_gradient_synchronization;
+    `on_first_grads()` runs once, after the first step's backward and gradient synchronisation. With
+    `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
     timer = RegionTimer(device)
     names = {**TIMER_NAMES, "after_backward": "comm wait"}
-    sync = getattr(model, "finish_gradient_synchronization", None)
-    if sync is not None and tracker is not None:
-        sync = tracker.in_phase("comm", sync)
+    before = before or getattr(model, "on_train_batch_start", None)
+    after_backward = after_backward or getattr(model, "finish_gradient_synchronization", None)
+    if after_backward is not None and tracker is not None:
+        after_backward = tracker.in_phase("comm", after_backward)
     for i, (inputs, targets) in enumerate(batches):
+        after = after_backward
+        if i == 0 and on_first_grads is not None:
+            def after():
+                if after_backward is not None:
+                    after_backward()
+                on_first_grads()
         run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
-                 before=getattr(model, "on_train_batch_start", None), after_backward=sync)
+                 before=before, after_backward=after)
     synchronize(device)
     return timer
 
 
 def single_process_run(config, batches, *, device, dtype, warmup, seed, label, keep_params: bool):
-    """(row, final parameters on the host, or None)."""
+    """(row, (final parameters, first-step gradients) on the host, or None)."""
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device=device, seed=seed)
     optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
-    timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup)
+    pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
+
+    def host(t):
+        return t.detach().cpu().pin_memory() if pin else t.detach().clone()
+
+    grads = {}
+
+    def keep_grads():
+        grads.update({name: host(p.grad) for name, p in model.named_parameters() if p.grad is not None})
+
+    timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup,
+                       on_first_grads=keep_grads if keep_params else None)
     peak = peak_memory(device)
     optim_bytes = optimizer_state_bytes(optimizer)
-    pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
     params = None
     if keep_params:
-        params = {name: (p.detach().cpu().pin_memory() if pin else p.detach().clone())
-                  for name, p in model.named_parameters()}
+        params = ({name: host(p) for name, p in model.named_parameters()}, grads)
     del model, optimizer
     free_memory(device)
     stats = timer.stats()
@@ -201,121 +224,100 @@ def single_process_run(config, batches, *, device, dtype, warmup, seed, label, k
     return row, params
 
 
+def parity_tolerance(dtype: str, spec: RunSpec, *, total: int) -> tuple[float, float]:
+    """(max |Δθ|, max |Δg| / max |g|) a row may reach: fp32 only sums in another order; with bf16 or fp16
+    (autocast, or bf16 gradients) AdamW moves a weight by up to ~lr per step whatever its gradient, so
+    rounding that flips a tiny gradient's sign shows at the lr scale."""
+    if dtype == "fp32" and spec.comm_dtype == "fp32":
+        return 1e-4, 1e-4
+    return 2 * DDP_TRAIN_LR * total, 5e-2
+
+
 def strategy_run(ctx: RankContext, config: ModelConfig, spec: RunSpec, batches, *, dtype, warmup,
-                 shard_optimizer: bool, seed: int, reference, single_ms: Optional[float]) -> dict:
+                 shard_optimizer: bool, seed: int, reference, single_ms: Optional[float],
+                 tolerance: tuple[float, float] = (float("inf"), float("inf"))) -> dict:
     from lmsys.distributed.memory import PhaseTracker, RankOutOfMemory
 
     free_memory(ctx.device)
     reset_peak_memory(ctx.device)
     tracker = PhaseTracker(ctx.rank)
+    strategy = get_strategy(spec.strategy)
+    sharded = shard_optimizer and not strategy.shards_params and strategy.optimizer is None
+    first_grads = {}
+    model = wrapped = optimizer = None
     try:
         tracker.enter("build")
         model = build_model(config, device=ctx.device, seed=seed)
         wrapped = wrap_model(model, spec, ctx, dtype=dtype)
-        sharded = shard_optimizer and spec.strategy not in ("fsdp", "torch-fsdp")
         optimizer = make_strategy_optimizer(wrapped, spec, sharded=sharded)
         tracker.watch(wrapped, optimizer)
+        before, after_backward = step_hooks(wrapped, optimizer, spec)
+
+        def keep_grads():
+            grads = gradients(wrapped, spec) if ctx.is_main and reference is not None else None
+            first_grads.update({n: g.detach().clone() for n, g in (grads or {}).items() if g is not None})
+
         timer = train_loop(wrapped, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup,
+                           before=before, after_backward=after_backward, on_first_grads=keep_grads,
                            tracker=tracker)
+        final = final_parameters(wrapped, spec)
     except torch.OutOfMemoryError as exc:
         raise RankOutOfMemory(rank=ctx.rank, phase=tracker.phase, what=spec.label, exc=exc) from None
+    except NotImplementedByUser as exc:  # every rank runs the same code: they all get here
+        tracker.close()
+        del model, wrapped, optimizer
+        gc.collect()
+        free_memory(ctx.device)
+        row = dict.fromkeys(ROW_KEYS)
+        row.update({"strategy": spec.label, "status": exc.status})
+        return row
     tracker.close()
     peak = peak_memory(ctx.device)
     if peak is not None:  # plus what torch's allocator does not see (the copy-engine lever's buffer)
         peak += getattr(wrapped, "unaccounted_bytes", 0)
     peak = _max_over_ranks(ctx, peak)
     optim_bytes = _max_over_ranks(ctx, optimizer_state_bytes(optimizer))
-    final = final_parameters(wrapped, spec)
-    parity = None
-    if ctx.is_main and reference is not None:  # on the device, one synchronisation at the end
-        diffs = [(final[name].float() - ref.to(ctx.device, non_blocking=True).float()).abs().max()
-                 for name, ref in reference.items()]
-        parity = torch.stack(diffs).max().item()
+    parity, status = None, "ok"
+    if ctx.is_main and reference is not None:
+        parity, status = compare_with_reference(final, first_grads, reference, device=ctx.device,
+                                                tolerance=tolerance)
     del model, wrapped, optimizer, final
     gc.collect()
     free_memory(ctx.device)
     stats = timer.stats()
-    optimizer_name = ("AdamW, ZeRO-1 sharded" if sharded else
-                      "AdamW on shards" if spec.strategy in ("fsdp", "torch-fsdp") else
-                      "AdamW per bucket, in finish" if spec.lever == "bucket-optimizer" else "AdamW")
     tokens = batches[0][0].numel() * ctx.world_size
     util = mfu_percent(config, tokens=tokens, step_ms=stats["step"].median, device=ctx.device, dtype=dtype,
                        processes=ctx.world_size)
-    return _timing_row(spec.label, stats, tokens=tokens, peak=peak, optimizer=optimizer_name, parity=parity,
-                       single_ms=single_ms, optim_bytes=optim_bytes, mfu=util)
+    row = _timing_row(spec.label, stats, tokens=tokens, peak=peak, optimizer=optimizer_label(spec, sharded=sharded),
+                      parity=parity, single_ms=single_ms, optim_bytes=optim_bytes, mfu=util)
+    row["status"] = status
+    return row
 
 
-def make_strategy_optimizer(wrapped, spec: RunSpec, *, sharded: bool) -> torch.optim.Optimizer:
-    """The strategy's optimizer: AdamW (ZeRO-1 sharded if asked), or, with the bucket-optimizer lever,
-    the per-bucket AdamWs BucketedDDP steps inside finish (the loop's optimizer step is then empty)."""
-    if spec.lever == "bucket-optimizer":
-        from lmsys.distributed.ddp import StepInFinish
-
-        return StepInFinish(wrapped)
-    if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
-
-        return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=DDP_TRAIN_LR, **ADAMW_DEFAULTS)
-    return make_optimizer(wrapped.parameters(), lr=DDP_TRAIN_LR)
-
-
-def wrap_model(model, spec: RunSpec, ctx: RankContext, *, dtype: str):
-    from lmsys.distributed import ddp
-
-    if spec.strategy == "naive":
-        return ddp.NaiveDDP(model)
-    if spec.strategy == "flat":
-        return ddp.FlatDDP(model)
-    if spec.strategy == "overlap":
-        return ddp.OverlapDDP(model)
-    if spec.strategy == "bucketed":
-        comm = None if spec.comm_dtype == "fp32" else torch_dtype(spec.comm_dtype)
-        factory = None
-        if spec.lever == "bucket-optimizer":
-            # the same (foreach) AdamW as every other row: a fused one per bucket measured 163 ms against
-            # 190 on 2xH200, most of it fused against foreach, not overlap
-            factory = partial(make_optimizer, lr=DDP_TRAIN_LR)
-        return ddp.BucketedDDP(model, spec.bucket_mb, comm_dtype=comm, optimizer_factory=factory,
-                               bucket_order="learned" if spec.lever == "learned-order" else "reverse",
-                               grad_views=spec.lever == "grad-views", sm_carveout=spec.sm_carveout,
-                               copy_engine=spec.lever == "copy-engine")
-    if spec.strategy == "torch-ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
-    if spec.strategy == "fsdp":
-        from lmsys.distributed.fsdp import FSDP
-
-        return FSDP(model, compute_dtype=None if dtype == "fp32" else torch_dtype(dtype))
-    if spec.strategy == "torch-fsdp":
-        return torch_fully_shard(model, ctx, dtype=dtype)
-    raise ValueError(f"unknown strategy {spec.strategy!r}")
-
-
-def torch_fully_shard(model, ctx: RankContext, *, dtype: str):
-    """torch's FSDP2: fully_shard on each block, then on the root, parameters in the compute dtype
-    (bf16 with --dtype bf16) and gradients reduced in fp32. Needs torch >= 2.6."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from lmsys.distributed.ddp import broadcast_module_state
-
-    broadcast_module_state(model)  # as every other strategy: rank 0's weights
-    param_dtype = None if dtype == "fp32" else torch_dtype(dtype)
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in model.layers:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    return model
-
-
-def final_parameters(wrapped, spec: RunSpec) -> dict[str, torch.Tensor]:
-    """Full parameters by the model's names (FSDP gathers them: a collective on every rank)."""
-    if spec.strategy == "fsdp":
-        return wrapped.gather_full_params()
-    if spec.strategy == "torch-fsdp":  # DTensors: full_tensor() all-gathers each
-        return {name: p.full_tensor().detach() for name, p in wrapped.named_parameters()}
-    return {name: p.detach() for name, p in wrapped.module.named_parameters()}
+def compare_with_reference(final: dict, grads: dict, reference, *, device, tolerance) -> tuple[float, str]:
+    """(max |Δθ| over all parameters, status): `ok`, or FAIL naming the worst parameter (or gradient after
+    the first step, relative to the largest reference gradient) beyond `tolerance`."""
+    params, ref_grads = reference
+    missing = sorted(set(params) - set(final))
+    if missing:
+        return None, f"FAIL: no parameter {missing[0]!r} among the trained ones ({len(final)} names)"
+    diffs = {name: (final[name].float() - ref.to(device, non_blocking=True).float()).abs().max()
+             for name, ref in params.items()}  # on the device, one synchronisation at the end
+    values = torch.stack(list(diffs.values())).cpu()
+    worst = int(values.argmax())
+    parity, name = values[worst].item(), list(diffs)[worst]
+    theta_tol, grad_tol = tolerance
+    if grads and ref_grads:  # first: a wrong gradient is the cause, the parameters only follow it
+        scale = max(g.abs().max().item() for g in ref_grads.values()) or 1.0
+        errors = {n: (grads[n].float() - g.to(device).float()).abs().max().item() / scale
+                  for n, g in ref_grads.items() if n in grads}
+        if errors:
+            bad = max(errors, key=errors.get)
+            if not errors[bad] <= grad_tol:
+                return parity, f"FAIL: grad of {bad} after step 1 off by {errors[bad]:.3g} of max|g| > {grad_tol:g}"
+    if not parity <= theta_tol:
+        return parity, f"FAIL: {name} |Δθ| {parity:.3g} > {theta_tol:g}"
+    return parity, "ok"
 
 
 def _max_over_ranks(ctx: RankContext, value: Optional[int]) -> Optional[int]:
@@ -334,7 +336,8 @@ def mfu_percent(config: ModelConfig, *, tokens: int, step_ms: float, device, dty
     """Model FLOPs utilisation of all `processes` GPUs together (lmsys.core.flops' convention: 6·N per
     token plus attention), or None off a GPU or for a GPU without a known peak."""
     from lmsys.core.devices import peak_tflops
-    from lmsys.core.flops import mfu, model_flops
+    from lmsys.core.flops import mfu
+    from lmsys.model.user import model_flops
 
     flops = model_flops(config, batch_size=tokens // config.context_length, seq_len=config.context_length,
                         backward=True)

@@ -13,6 +13,8 @@ query i attends keys j <= i (top-left aligned, as SDPA's `is_causal`). Implement
 - `flash-torch`, `flash-triton`: this project's FlashAttention-2 (lmsys.kernels.flash_torch/_triton).
 - `annotated`: the naive math with each part in an NVTX/record_function range, registered by
   lmsys.profiling.nvtx when it is imported (kernels import nothing above them; see registry.py).
+- a user's (`yours-torch`, `pkg.module:Name`, ...), once `registry.resolve` has loaded it: it gets
+  [batch, seq, d] (leading dims flattened, shared heads repeated).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lmsys.core.parsing import choose
-from lmsys.kernels.registry import IMPLS
+from lmsys.kernels.registry import IMPLS, USER, three_d
 
 
 def _scaled_scores(q, k):
@@ -132,6 +134,10 @@ IMPLS.update({
 
 def check_impl(name: str, *, d_head: int | None = None) -> str:
     """Fail before any work when `name` is unknown, or cannot run heads of size `d_head`."""
+    if name not in IMPLS:  # a name of lmsys's whose module is not imported yet, or a user's import path
+        from lmsys.kernels.registry import resolve
+
+        resolve(name, adapters=None)
     choose(name, IMPLS, what="attention implementation")
     if name == "flash-triton" and d_head is not None:
         from lmsys.kernels.flash_triton import check_head_dim
@@ -147,4 +153,7 @@ def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):
     """q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv."""
     if impl in REPEAT_KV:
         k, v = repeat_kv(q, k, v)
-    return IMPLS[check_impl(impl)](q, k, v, is_causal)
+    fn = IMPLS[check_impl(impl)]
+    if impl in USER:
+        return three_d(fn, q, k, v, is_causal)
+    return fn(q, k, v, is_causal)

@@ -8,6 +8,6 @@ __all__ = ["PRESETS", "ModelConfig", "config_from_yaml", "get_config", "paramete
 
 def describe(cfg: ModelConfig) -> str:
     """One line naming the shape of `cfg` (the meta line every report prints)."""
-    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
+    model = "" if cfg.model == "lmsys" else f"{cfg.model}" + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "") + ": "
+    return (f"{model}d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
             f"vocab {cfg.vocab_size}, context {cfg.context_length}")
-

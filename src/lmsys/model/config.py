@@ -8,11 +8,6 @@ from pathlib import Path
 
 from lmsys.core.errors import LmsysError
 
-# Every name `attn_impl` (and `bench e2e --attn`) accepts, torch-free so --help can list them; the same
-# keys as lmsys.kernels.attention.IMPLS (a test keeps the two equal).
-ATTENTION_IMPLS = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
-                   "flash-torch", "flash-triton", "annotated")
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -25,6 +20,8 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     attn_impl: str = "naive"
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
+    model: str = "lmsys"  # lmsys's TransformerLM, hf:NAME or pkg.module:Name (lmsys.model.user)
+    model_kwargs: str = ""  # the user's model's extra keyword arguments, as JSON text
 
     def __post_init__(self):
         # A YAML file can carry any type: check them here, so a string or 12.5 is a one-line error.
@@ -34,6 +31,8 @@ class ModelConfig:
                 raise LmsysError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.rope_theta, (int, float)) or isinstance(self.rope_theta, bool) or self.rope_theta <= 0:
             raise LmsysError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not isinstance(self.model, str) or not isinstance(self.model_kwargs, str):
+            raise LmsysError(f"model must be a model name, got {self.model!r}")
         if not isinstance(self.attn_impl, str):
             raise LmsysError(f"attn_impl must be an implementation name, got {self.attn_impl!r}")
         if self.d_model % self.num_heads:
@@ -88,9 +87,12 @@ def default_context_length(device_type: str) -> int:
 
 def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | None = None,
                     d_model: int | None = None, d_ff: int | None = None, layers: int | None = None,
-                    heads: int | None = None, attn_impl: str = "naive") -> list[tuple[str, ModelConfig]]:
-    """Preset names (or YAML files) with the command-line overrides applied; all validated up front."""
+                    heads: int | None = None, attn_impl: str = "naive", model: str | None = None,
+                    model_kwargs: str = "") -> list[tuple[str, ModelConfig]]:
+    """Preset names (or YAML files) with the command-line overrides applied; all validated up front.
+    `model`: lmsys.model.user's name (lmsys, hf:NAME, pkg.module:Name), built with the preset's sizes."""
     from lmsys.kernels.attention import check_impl
+    from lmsys.model.user import check_builds, with_model
 
     check_impl(attn_impl)
     if context_length < 1:
@@ -101,7 +103,8 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
             d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab_size,
             context_length=context_length,
         )
-        cfg = cfg.with_overrides(attn_impl=check_impl(attn_impl, d_head=cfg.d_head))
+        cfg = with_model(cfg.with_overrides(attn_impl=check_impl(attn_impl, d_head=cfg.d_head)), model, model_kwargs)
+        check_builds(cfg)
         out.append((name, cfg))
     return out
 

@@ -118,6 +118,7 @@ def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
     """Run bench e2e (mode train) over sizes × dtypes × checkpoint policies and predict each row with
     `profile`. Returns (rows, summary {mean/max |error| % of step time and memory})."""
     from lmsys.bench import e2e
+    from lmsys.model.config import resolve_configs
     from lmsys.core.parsing import MiB as _MiB
     from lmsys.plan import memory as mem
     from lmsys.plan.profile import rates as profile_rates
@@ -130,7 +131,7 @@ def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
                                    master_weights=False, fused_ce="off", tf32=False)
         attn_impl = options.pop("attn_impl")
         for size in sizes:
-            (name, cfg), = e2e.resolve_configs([size], context_length=_context(size), attn_impl=attn_impl)
+            (name, cfg), = resolve_configs([size], context_length=_context(size), attn_impl=attn_impl)
             workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
                                               dtype=dtype, cuda_graphs=False, **options)
             measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))

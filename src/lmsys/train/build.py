@@ -1,8 +1,8 @@
 """The one place a model is built, and the training step around it with the fast path applied.
 
 `build_model` is the seam every tool builds through (bench, profiling, distributed, the parameter
-count): `factory(config, device=)` makes the module, lmsys's TransformerLM unless a caller passes its
-own. `build_train_step` adds what a Workload asks for, from outside the model: bf16 master weights,
+count): `factory(config, device=)` makes the module: the one a caller passes, else the one `config.model`
+names (lmsys's TransformerLM, or a user's / Hugging Face's through lmsys.model.user). `build_train_step` adds what a Workload asks for, from outside the model: bf16 master weights,
 per-block or whole-loss torch.compile, activation checkpointing, the optimizer (in the backward or
 after it). TF32 is a process-wide switch: `tf32_matmuls` scopes it around a run.
 """
@@ -31,11 +31,19 @@ def transformer_lm(config: ModelConfig, *, device) -> torch.nn.Module:
     return TransformerLM(config, device=device)
 
 
+def default_factory(config: ModelConfig) -> ModelFactory:
+    """The factory `config.model` names: TransformerLM for lmsys, else lmsys.model.user's (hf:NAME,
+    pkg.module:Name, file.py:Name, wrapped so that ids [B, S] map to logits [B, S, V])."""
+    from lmsys.model.user import build_user_model, is_user_model
+
+    return build_user_model if is_user_model(config) else transformer_lm
+
+
 def build_model(config: ModelConfig, *, device, seed: int = 0, factory: ModelFactory | None = None
                 ) -> torch.nn.Module:
     """Random-weight model of `config` on `device`, seeded: every run of a comparison (workloads, ranks,
     the one-process reference) starts from the same weights. On `meta` nothing is allocated."""
-    factory = factory or transformer_lm
+    factory = factory or default_factory(config)
     if torch.device(device).type == "meta":  # no values: the global RNG is left alone
         with torch.device("meta"):  # tensors a factory makes without device= stay on meta too
             return factory(config, device=device)

@@ -1,0 +1,47 @@
+"""`lmsys list`: every model, attention implementation and distributed strategy a command accepts
+(lmsys's own, torch's, an adapters module's, import paths). Torch-free: the registries' name tables."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from lmsys.commands._common import FormatOpt, OutputOpt, check_render_options, emit
+
+KINDS = ("models", "attention", "strategies")
+
+
+def _rows(kind: str) -> list[dict]:
+    if kind == "models":
+        from lmsys.model.user import listing
+    elif kind == "attention":
+        from lmsys.kernels.registry import listing
+    else:
+        from lmsys.distributed.strategies import listing
+    return [{"kind": kind, "name": name, "what": what} for name, what in listing()]
+
+
+def list_names(
+    kind: Annotated[Optional[str], typer.Argument(help="models | attention | strategies (default: all three).",
+                                                  show_default=False)] = None,
+    format: FormatOpt = "table",
+    output: OutputOpt = None,
+):
+    """List the models, attention implementations and distributed strategies lmsys accepts by name."""
+    from lmsys.core.parsing import choose
+    from lmsys.core.results import Report
+
+    check_render_options(format, output)
+    kinds = [choose(kind, KINDS, what="kind")] if kind else list(KINDS)
+    rows = [row for k in kinds for row in _rows(k)]
+    emit(Report("lmsys list", rows, {}, ["pkg.module:Name also takes path/to/file.py:Name."]), format, output)
+
+
+def list_if_asked(*, impl=None, strategy=None, model=None) -> None:
+    """`--impl list`, `--strategy list`, `--model list`: print that registry's names and exit 0."""
+    for kind, value in (("attention", impl), ("strategies", strategy), ("models", model)):
+        values = [value] if isinstance(value, str) else list(value or [])
+        if "list" in values:
+            list_names(kind, format="table", output=None)
+            raise typer.Exit(0)

@@ -1,0 +1,127 @@
+"""Import what a user names on the command line (torch-free): `pkg.module:Name` or `path/to/file.py:Name`
+for one object, `pkg.module` or `path/to/file.py` for a whole module (a CS336 adapters file).
+
+A file is imported by path (importlib.util.spec_from_file_location) under a name of its own, with its
+folder on sys.path so that it can import its neighbours. A module that does not import is one LmsysError
+naming the file, the line and the error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from lmsys.core.errors import LmsysError
+
+
+def is_import_path(name: str) -> bool:
+    """`pkg.module:Name` or `file.py:Name` (a registry name never has a colon)."""
+    return isinstance(name, str) and ":" in name
+
+
+def split_import_path(spec: str, *, what: str) -> tuple[str, str]:
+    """'pkg.mod:Name' -> ('pkg.mod', 'Name'); a Windows drive letter's colon is not the separator."""
+    module, sep, attr = spec.rpartition(":")
+    if not sep or not module or not attr or not all(part.isidentifier() for part in attr.split(".")):
+        raise LmsysError(f"{what} {spec!r}: expected pkg.module:Name or path/to/file.py:Name")
+    return module, attr
+
+
+def load_module(spec: str, *, what: str) -> ModuleType:
+    """A module by import name or by .py path (imported once per process)."""
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        return _load_file(Path(spec).expanduser(), what=what)
+    if not all(part.isidentifier() for part in spec.split(".")):
+        raise LmsysError(f"{what} {spec!r}: neither a .py file nor an importable module name")
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        if exc.name and (spec == exc.name or spec.startswith(exc.name + ".")):
+            raise LmsysError(f"{what} {spec!r}: no module named {exc.name!r} (not installed, or not on "
+                             "PYTHONPATH)") from None
+        raise LmsysError(f"{what} {spec}: {_where(exc, None)}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed to import: one line, where and why
+        raise LmsysError(f"{what} {spec}: {_where(exc, None)}") from None
+
+
+def load_object(spec: str, *, what: str):
+    """The object `Name` (dotted names allowed: Outer.Inner) of `pkg.module:Name` or `file.py:Name`."""
+    module_name, attr = split_import_path(spec, what=what)
+    module = load_module(module_name, what=what)
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise LmsysError(f"{what} {spec!r}: {module_name} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load_file(path: Path, *, what: str) -> ModuleType:
+    if path.is_dir():
+        raise LmsysError(f"{what} {path}: is a directory, not a .py file")
+    if not path.is_file():
+        raise LmsysError(f"{what} {path}: no such file")
+    resolved = path.resolve()
+    name = f"lmsys_user_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = str(resolved.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise LmsysError(f"{what} {path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses and pickling look themselves up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - one line: the file, the line, the error
+        del sys.modules[name]
+        raise LmsysError(f"{what} {_where(exc, resolved)}") from None
+    return module
+
+
+def _where(exc: BaseException, path: Path | None) -> str:
+    """'file.py:LINE: Error: message' at the deepest frame in `path` (or the deepest frame at all)."""
+    message = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+    if isinstance(exc, SyntaxError) and exc.filename:
+        message = f"{type(exc).__name__}: {exc.msg}"
+        return f"{exc.filename}:{exc.lineno}: {message}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if path is not None and Path(f.filename).resolve() == path]
+    frame = (mine or [f for f in frames if "importlib" not in f.filename] or frames or [None])[-1]
+    if frame is None:
+        return f"{path}: {message}"
+    return f"{frame.filename}:{frame.lineno}: {message}"
+
+
+class NotImplementedByUser(Exception):
+    """A user's function is missing or still raises NotImplementedError (the CS336 starting code): the
+    row's status says which, and the other rows run."""
+
+    def __init__(self, function: str):
+        super().__init__(function)
+        self.function = function
+
+    @property
+    def status(self) -> str:
+        return f"not implemented ({self.function})"
+
+
+def call_user(module, names: tuple[str, ...], *args, **kwargs):
+    """The first of `names` that `module` has and that does not raise NotImplementedError, called;
+    NotImplementedByUser(names[0]) when none does."""
+    for name in names:
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError:
+            continue
+    raise NotImplementedByUser(names[0])

@@ -1,0 +1,311 @@
+"""Bring your own code (issue 28): registries, CS336 adapters, import paths, --model, hf:NAME.
+
+Fixtures in tests/fixtures/byo: adapters returning lmsys's own implementations (rows must equal the
+built-in ones), the course's stubs (every row `not implemented`, exit 0), planted bugs (each named),
+models with the CS336 reference constructor and with only some of the size names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BYO = Path(__file__).parent / "fixtures" / "byo"
+LMSYS_ADAPTERS, STUBS, BUGS, MODELS = (str(BYO / f) for f in ("adapters_lmsys.py", "adapters_stub.py", "bugs.py",
+                                                               "models.py"))
+DDP = ["--size", "tiny", "--context-length", "16", "--batch-size", "2", "--steps", "2", "--warmup", "2",
+       "--world-size", "2", "--backend", "gloo", "--format", "json"]
+
+
+@pytest.fixture(autouse=True)
+def not_under_torchrun(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def one_line(result, code: int = 2) -> str:
+    assert result.code == code, (result.out, result.err)
+    assert "Traceback" not in result.err + result.out
+    lines = [ln for ln in result.err.splitlines() if ln.strip() and not ln.startswith("hint:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- registries
+
+
+def test_name_tables_load_without_torch():
+    code = ("import sys, lmsys.cli, lmsys.kernels.registry, lmsys.distributed.strategies, lmsys.distributed.runs, "
+            "lmsys.model.user, lmsys.core.imports; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_list_shows_every_registry(lmsys):
+    r = lmsys("list", "--format", "json")
+    assert r.code == 0, r.err
+    names = {(row["kind"], row["name"]) for row in json.loads(r.out)["rows"]}
+    for expected in [("models", "lmsys"), ("models", "hf:llama"), ("models", "hf:gpt2"), ("attention", "flash-triton"),
+                     ("attention", "annotated"), ("attention", "yours-torch"), ("strategies", "torch-fsdp"),
+                     ("strategies", "yours-bucketed"), ("strategies", "yours-zero1"), ("strategies", "pkg.module:Class")]:
+        assert expected in names
+    r = lmsys("flash", "check", "--impl", "list")
+    assert r.code == 0 and "yours-triton" in r.out and "torch-fsdp" not in r.out
+
+
+def test_strategy_registry_holds_every_old_name():
+    from lmsys.distributed.runs import STRATEGIES
+
+    assert STRATEGIES == ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["flash", "check", "--impl", f"{BYO / 'broken.py'}:X"], ["broken.py:4:", "ZeroDivisionError"]),
+    (["flash", "check", "--adapters", str(BYO / "broken.py")], ["broken.py:4:", "ZeroDivisionError"]),
+    (["ddp", "train", "--adapters", str(BYO / "broken.py")], ["broken.py:4:", "ZeroDivisionError"]),
+    (["flash", "check", "--impl", "no_such_pkg.mod:F"], ["no module named 'no_such_pkg'"]),
+    (["flash", "check", "--impl", f"{BUGS}:Missing"], ["has no 'Missing'"]),
+    (["bench", "attention", "--impl", "nowhere/file.py:F"], ["no such file"]),
+    (["flash", "check", "--impl", "yours-torch"], ["add --adapters"]),
+    (["ddp", "train", "--strategy", "yours"], ["add --adapters"]),
+    (["bench", "e2e", "--model", "gpt"], ["--model must be lmsys, hf:llama"]),
+    (["bench", "e2e", "--model", f"{MODELS}:Partial", "--model-kwargs", "{nope: 1}"], ["takes no nope"]),
+])
+def test_user_code_errors_are_one_line(lmsys, args, words):
+    line = one_line(lmsys(*args))
+    for word in words:
+        assert word in line, line
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _rows(r) -> list[dict]:
+    return json.loads(r.out)["rows"]
+
+
+def test_adapters_wrapping_lmsys_give_the_builtin_numbers(lmsys):
+    args = ("--cases", "6", "--seed", "3", "--format", "json")
+    mine = lmsys("flash", "check", "--adapters", LMSYS_ADAPTERS, "--impl", "yours-torch", *args)
+    builtin = lmsys("flash", "check", "--impl", "lmsys.kernels.flash_torch:FlashAttentionTorch", *args)
+    assert mine.code == 0 and builtin.code == 0, mine.err + builtin.err
+    for a, b in zip(_rows(mine), _rows(builtin), strict=True):
+        assert a["result"] == "pass" and a["CS336 saved L"] == "yes" and a["off"] == "—"
+        assert {k: v for k, v in a.items() if k != "impl"} == {k: v for k, v in b.items() if k != "impl"}
+        assert a["L err"] is not None and a["dK err"] < a["tol"]
+
+
+def test_stub_adapters_are_not_implemented_and_exit_0(lmsys):
+    r = lmsys("flash", "check", "--adapters", STUBS, "--cases", "2", "--format", "json")
+    assert r.code == 0, r.err
+    assert [(row["impl"], row["result"]) for row in _rows(r)] == [
+        ("yours-torch", "not implemented (get_flashattention_autograd_function_pytorch)"),
+        ("yours-triton", "not implemented (get_flashattention_autograd_function_triton)")]
+    r = lmsys("bench", "attention", "--adapters", STUBS, "--impl", "naive,yours-torch,yours-triton", "--d-head", "16",
+              "--seq-len", "32", "--steps", "1", "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    assert [row["status"] for row in _rows(r)] == ["ok", "not implemented (get_flashattention_autograd_function_pytorch)",
+                                                   "not implemented (get_flashattention_autograd_function_triton)"]
+
+
+def test_wrong_dk_is_named(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:WrongDK", "--cases", "3", "--dtype", "fp32", "--format", "json")
+    assert r.code == 1
+    for row in _rows(r):
+        assert row["result"] == "FAIL" and row["off"].startswith("dK [") and "O " not in row["off"]
+        assert row["dK err"] == pytest.approx(0.5, rel=0.05) and row["dQ err"] < 1e-4
+        assert row["CS336 saved L"] == "yes"
+
+
+def test_missing_causal_mask_is_named_on_causal_cases_only(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:unmasked_attention", "--cases", "6", "--dtype", "fp32",
+              "--format", "json")
+    assert r.code == 1
+    rows = _rows(r)
+    assert any(row["causal"] for row in rows) and any(not row["causal"] for row in rows)
+    for row in rows:
+        # a causal case with one query row sees only key 0 either way; any longer one differs
+        if row["causal"] and row["n_q"] > 1:
+            assert row["result"] == "FAIL" and row["off"].startswith("O [")
+        elif not row["causal"]:
+            assert row["result"] == "pass"
+        assert row["CS336 saved L"].startswith("no") and row["L err"] is None
+
+
+def test_users_attention_takes_heads_and_shared_heads(seed):
+    """bench attention feeds [batch, heads, seq, d] (and fewer kv heads): a user's [batch, seq, d] function
+    gets them flattened and repeated, and returns the same as the float64 reference."""
+    from lmsys.bench.flash_check import reference_attention
+    from lmsys.kernels.attention import attention
+    from lmsys.kernels.registry import resolve
+
+    resolve(f"{BUGS}:WrongDK")
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 11, 16, generator=gen)
+    k, v = torch.randn(2, 2, 13, 16, generator=gen), torch.randn(2, 2, 13, 16, generator=gen)
+    out = attention(q, k, v, True, f"{BUGS}:WrongDK")
+    ref, _ = reference_attention(q, k, v, True)
+    assert out.shape == q.shape and (out.double() - ref).abs().max() < 1e-5
+
+
+# ----------------------------------------------------------------------------- ddp train
+
+
+@pytest.mark.slow
+def test_ddp_adapters_wrapping_lmsys_match_the_builtin_rows(lmsys):
+    r = lmsys("ddp", "train", "--adapters", LMSYS_ADAPTERS, "--strategy",
+              "naive,yours,bucketed,yours-bucketed,fsdp,yours-fsdp,yours-zero1", "--bucket-mb", "0.05,100", *DDP)
+    assert r.code == 0, r.err
+    rows = {row["strategy"]: row for row in _rows(r)}
+    pairs = [("naive", "yours"), ("bucketed 0.05 MiB", "yours-bucketed 0.05 MiB"),
+             ("bucketed 100 MiB", "yours-bucketed 100 MiB"), ("fsdp", "yours-fsdp")]
+    for builtin, mine in pairs:
+        assert rows[mine]["status"] == "ok"
+        assert rows[mine]["parity max|Δθ|"] == rows[builtin]["parity max|Δθ|"] < 1e-5
+        assert rows[mine]["optim MiB/rank"] == rows[builtin]["optim MiB/rank"]
+    zero1 = rows["yours-zero1"]
+    assert zero1["status"] == "ok" and zero1["optimizer"] == "your sharded AdamW" and zero1["parity max|Δθ|"] < 1e-5
+    # AdamW's two moments of half the parameters each (ShardedOptimizer splits by bytes): about half
+    assert zero1["optim MiB/rank"] == pytest.approx(rows["naive"]["optim MiB/rank"] / 2, rel=0.1)
+
+
+@pytest.mark.slow
+def test_ddp_stub_adapters_are_not_implemented_and_exit_0(lmsys):
+    r = lmsys("ddp", "train", "--adapters", STUBS, "--strategy", "yours,yours-bucketed,yours-fsdp,yours-zero1,naive",
+              "--no-baseline", *DDP)
+    assert r.code == 0, r.err
+    assert {row["strategy"]: row["status"] for row in _rows(r)} == {
+        "yours": "not implemented (get_ddp)", "yours-bucketed 25 MiB": "not implemented (get_ddp_bucketed)",
+        "yours-fsdp": "not implemented (get_fsdp)", "yours-zero1": "not implemented (get_sharded_optimizer)",
+        "naive": "ok"}
+
+
+@pytest.mark.slow
+def test_ddp_planted_bugs_are_named_on_a_users_model(lmsys):
+    """A DDP that sums without averaging (its gradients are 2x after the first backward: AdamW would hide it
+    in the parameters), and a sharded optimizer that never sends the updated parameters; on --model."""
+    r = lmsys("ddp", "train", "--adapters", BUGS, "--strategy", "yours,yours-zero1,naive",
+              "--model", f"{MODELS}:CS336LM", *DDP)
+    assert r.code == 1, r.err
+    doc = json.loads(r.out)
+    rows = {row["strategy"]: row for row in doc["rows"]}
+    assert rows["naive"]["status"] == "ok" and rows["naive"]["parity max|Δθ|"] < 1e-5
+    status = rows["yours"]["status"]
+    assert status.startswith("FAIL: grad of model.") and "off by 1 of max|g|" in status
+    assert rows["yours-zero1"]["status"].startswith("FAIL: model.") and "|Δθ|" in rows["yours-zero1"]["status"]
+    assert doc["meta"]["model"].startswith(f"tiny: {MODELS}:CS336LM: d_model 128")
+    assert "parity FAIL: yours, yours-zero1" in r.err
+
+
+@pytest.mark.slow
+def test_ddp_strategy_import_path(lmsys):
+    r = lmsys("ddp", "train", "--strategy", "lmsys.distributed.ddp:BucketedDDP,lmsys.distributed.ddp:FlatDDP",
+              "--bucket-mb", "1", *DDP)
+    assert r.code == 0, r.err
+    rows = {row["strategy"]: row for row in _rows(r)}
+    assert rows["lmsys.distributed.ddp:BucketedDDP 1 MiB"]["parity max|Δθ|"] < 1e-5
+    assert rows["lmsys.distributed.ddp:FlatDDP"]["parity max|Δθ|"] < 1e-5
+
+
+# ----------------------------------------------------------------------------- --model
+
+
+def _config(model: str, preset: str = "tiny", kwargs: str = "", **overrides):
+    from lmsys.model.config import get_config
+    from lmsys.model.user import with_model
+
+    return with_model(get_config(preset).with_overrides(**overrides), model, kwargs)
+
+
+def test_model_with_only_some_size_names():
+    from lmsys.model.user import find_blocks
+    from lmsys.train.build import build_model, count_parameters
+
+    for name in ("Partial", "make_partial"):
+        cfg = _config(f"{MODELS}:{name}", kwargs='{"hidden": 8}', vocab_size=50)
+        model = build_model(cfg, device="cpu")
+        D, V = cfg.d_model, 50
+        assert count_parameters(cfg) == sum(p.numel() for p in model.parameters()) == V * D + 3 * (2 * D * 8 + 8 + D) + D * V
+        assert find_blocks(model) is model.model.stack
+        logits = model(torch.randint(0, V, (2, 5)))
+        assert logits.shape == (2, 5, V)
+
+
+def test_flops_come_from_the_modules_shapes():
+    from lmsys.core.flops import model_flops, module_matmul_params
+    from lmsys.model.config import get_config
+    from lmsys.model.transformer import TransformerLM
+    from lmsys.model.user import model_flops as user_flops
+
+    cfg = get_config("tiny")
+    with torch.device("meta"):
+        lm = TransformerLM(cfg, device="meta")
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    assert module_matmul_params(lm) == L * (4 * D * D + 3 * D * F) + D * V
+    # the CS336-signature fixture: qkv 3D², out D², up/down 2·D·F, head D·V; its Embedding class is a lookup
+    cs = _config(f"{MODELS}:CS336LM")
+    per_token_fwd = 2 * (L * (4 * D * D + 2 * D * F) + D * V) + 4 * 512 * D * L
+    assert user_flops(cs, batch_size=3, seq_len=512, backward=True) == 3 * per_token_fwd * 3 * 512
+    assert user_flops(cfg, batch_size=3, seq_len=512, backward=True) == model_flops(cfg, batch_size=3, seq_len=512,
+                                                                                   backward=True)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "medium", "large", "xl", "2.7b", "10b"])
+def test_cs336_signature_model_builds_with_every_preset(preset):
+    from lmsys.model.config import get_config
+    from lmsys.train.build import count_parameters
+
+    cfg = get_config(preset)
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    assert count_parameters(_config(f"{MODELS}:CS336LM", preset)) == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
+
+
+def test_bench_e2e_on_a_users_model(lmsys):
+    r = lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--mode", "all", "--compile-blocks", "--format", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    cfg = _config(f"{MODELS}:CS336LM")
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    for row in doc["rows"]:
+        assert row["status"] == "ok" and row["params"] == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
+        assert abs(row["loss"] - math.log(V)) < 0.5  # random weights: about uniform over the vocabulary
+    assert doc["meta"]["tiny"].startswith(f"{MODELS}:CS336LM: d_model 128")
+
+
+@pytest.mark.parametrize("switch, words", [(["--checkpoint", "block"], "--checkpoint calls lmsys's blocks"),
+                                           (["--fused-ce", "on"], "--fused-ce on needs lmsys's hidden states")])
+def test_fast_path_switches_needing_lmsys_structure_are_refused(lmsys, switch, words):
+    assert words in one_line(lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", *switch, "--device", "cpu"))
+
+
+def test_hf_without_transformers_names_the_extra(monkeypatch):
+    from lmsys.core.errors import LmsysError
+    from lmsys.train.build import build_model
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(LmsysError, match=r"needs transformers: pip install 'lmsys\[hf\]'"):
+        build_model(_config("hf:llama"), device="cpu")
+
+
+@pytest.mark.parametrize("name", ["hf:llama", "hf:gpt2"])
+def test_hf_models_offline_at_tiny(lmsys, name):
+    pytest.importorskip("transformers")
+    r = lmsys("bench", "e2e", "--model", name, "--context-length", "16", "--batch-size", "2", "--steps", "1",
+              "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    row = json.loads(r.out)["rows"][0]
+    cfg = _config(name)
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    if name == "hf:llama":  # the same shapes as lmsys's TransformerLM: untied head, no biases
+        from lmsys.train.build import count_parameters
+
+        assert row["params"] == count_parameters(_config("lmsys"))
+    else:  # GPT-2: tied head, learned positions (n_positions = context 16), biases, LayerNorms
+        assert row["params"] == V * D + 16 * D + L * (4 * D * D + 2 * D * F + 5 * D + F + 4 * D) + 2 * D  # biases 5D+F, two LayerNorms 4D
+    assert row["status"] == "ok" and abs(row["loss"] - math.log(V)) < 0.5
