@@ -23,7 +23,7 @@ run() {  # run FILE lmsys-args: the table under its command in $OUT/FILE (nothin
 date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
 if part degenerate; then
   for i in $(seq "${REPS:-1}"); do
-    T=120 run degenerate.md parallel train --mesh dp=1,tp=1,pp=1 --world-size 1 --backend nccl $XL
+    T=120 run degenerate.md parallel train --mesh dp=1,tp=1,pp=1 --microbatches 1 --world-size 1 --backend nccl $XL
     T=90 run degenerate.md bench e2e --device cuda $XL
   done
 fi

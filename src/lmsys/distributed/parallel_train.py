@@ -122,9 +122,10 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
             busy.append(res.busy_s)
             acts.append(res.peak_activation_bytes)
     # the loss lives on the last stage (the same on its tp ranks): the mean over dp ranks -> rank 0
-    last_loss = torch.zeros(total, dtype=torch.float64)
+    # on the rank's device: NCCL reduces no CPU tensor
+    last_loss = torch.zeros(total, dtype=torch.float64, device=ctx.device)
     if coords["pp"] == spec.pp - 1 and coords["tp"] == 0:
-        last_loss = torch.tensor([float(x) for x in losses], dtype=torch.float64) / spec.dp
+        last_loss = torch.tensor([float(x) for x in losses], dtype=torch.float64, device=ctx.device) / spec.dp
     dist.all_reduce(last_loss)
     # per-rank facts -> rank 0
     peak = peak_memory(ctx.device)
