@@ -22,6 +22,10 @@ from lmsys.model.config import get_config
 TINY = dict(num_heads=4, kv_heads=4, d_ff=512, vocab_size=10_000, num_layers=2)
 FP32_PARITY = 5e-5  # AdamW turns rounding-level gradient differences into up to ~2 % of one lr=1e-3 step
 GRAD_TOL = 1e-6  # one step's gradients: rounding only
+# bf16 autocast: one step's gradients within 2e-2 relative per parameter (measured ~7e-3 for tp=2, as far
+# as the bf16 reference itself is from fp32: ~2 bf16 ulps); the loss within 2e-3; the parameters within
+# AdamW's own bound (a near-zero gradient's sign may flip under rounding: up to 2·lr per step apart)
+BF16_GRAD_REL, BF16_LOSS = 2e-2, 2e-3
 
 
 # ------------------------------------------------------------------------------------ torch-free checks
@@ -149,6 +153,7 @@ def _tp_gradients(rank, world):
     loss.backward()
     out["ce"] = [abs(loss.item() - ref.item()), (local.grad - logits.grad[:, rank * n:(rank + 1) * n]).abs().max().item()]
     for sp in (False, True):
+        out[f"bf16,sp={sp}"] = _tp_bf16_gradients(gen, sp)
         for kv in (None, 1):  # kv heads split, and replicated (1 kv head, tp=2)
             config = get_config("tiny").with_overrides(context_length=16, num_kv_heads=kv, vocab_size=1000)
             torch.manual_seed(0)
@@ -173,6 +178,62 @@ def _tp_gradients(rank, world):
     return out
 
 
+def _tp_bf16_gradients(gen, sp):
+    """(max relative gradient error of the tp=2 model against the full one, both under bf16 autocast;
+    the same of the full bf16 model against fp32: what bf16 itself costs)."""
+    from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss
+    from lmsys.model.transformer import TransformerLM
+
+    config = get_config("tiny").with_overrides(context_length=16, vocab_size=1000)
+    models = []
+    for _ in range(3):  # bf16 full, fp32 full, bf16 tensor-parallel
+        torch.manual_seed(0)
+        models.append(TransformerLM(config))
+    full, f32, model = models
+    ids, tgt = (torch.randint(0, 1000, (2, 16), generator=gen) for _ in range(2))
+    apply_tensor_parallel(model, dist.group.WORLD, sequence_parallel=sp)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        F.cross_entropy(full(ids).flatten(0, 1).float(), tgt.flatten()).backward()
+        tp_loss(model, model.hidden_states(ids), tgt).backward()
+    F.cross_entropy(f32(ids).flatten(0, 1), tgt.flatten()).backward()
+    g16, g32 = dict(full.named_parameters()), dict(f32.named_parameters())
+    worst = worst_bf16 = 0.0
+    for name, p in model.named_parameters():
+        src, dim, index = model.tp_layout.get(name, (name, None, None))
+        ref, ref32 = ((g[src].grad if index is None else g[src].grad.index_select(dim, index)) for g in (g16, g32))
+        worst = max(worst, ((p.grad - ref).norm() / ref.norm()).item())
+        worst_bf16 = max(worst_bf16, ((ref - ref32).norm() / ref32.norm()).item())
+    return [worst, worst_bf16]
+
+
+def worker_1(rank, world, store_path, out_path):
+    """The degenerate mesh dp=tp=pp=1 is the plain step: no wrapper, no collective, the same numbers."""
+    from lmsys.core.timing import RegionTimer
+    from lmsys.distributed.mesh import build_mesh
+    from lmsys.distributed.parallelize import parallelize
+    from lmsys.train import TrainStep, build_model, run_step
+    from lmsys.train.optim import make_optimizer
+
+    _init(rank, world, store_path)
+    config = get_config("tiny").with_overrides(context_length=16, vocab_size=1000)
+    gen = torch.Generator().manual_seed(3)
+    ids, tgt = (torch.randint(0, 1000, (3, 16), generator=gen) for _ in range(2))
+    plain = build_model(config, device="cpu")
+    step = TrainStep(plain, make_optimizer(plain.parameters(), lr=1e-3), device=torch.device("cpu"), dtype="fp32")
+    step.optimizer_step = lambda: None  # keep the gradients
+    loss = run_step(step, ids, tgt)
+    pm = parallelize(build_model(config, device="cpu"), build_mesh(parse_mesh("dp=1")), microbatches=1,
+                     tokens_per_microbatch=48)
+    timer = RegionTimer("cpu")
+    res = pm.train_step(ids, tgt, microbatches=1, timer=timer, measure_activations=False)
+    grads = dict(plain.named_parameters())
+    out = {"dloss": abs(res.loss.item() - loss.item()),
+           "dgrad": max((p.grad - grads[n].grad).abs().max().item() for n, p in pm.stage.named_parameters()),
+           "wrapper": pm.dp is not None, "regions": sorted(timer.stats()), "act": res.peak_activation_bytes,
+           "names": sorted(n for n, _ in pm.stage.named_parameters()) == sorted(grads)}
+    gloo_world.finish(rank, out, out_path)
+
+
 def worker_2(rank, world, store_path, out_path):
     _init(rank, world, store_path)
     ctx = _ctx(rank, world)
@@ -188,6 +249,10 @@ def worker_2(rank, world, store_path, out_path):
             f.write("preset: tiny\nnum_layers: 4\n")
     dist.barrier()
     results["interleaved"] = _job(ctx, ["pp=2"], pp_schedule="interleaved-1f1b", virtual_stages=2, size=four)
+    # activation checkpointing of each block, after TP (with SP: the all-gathers run again in the recompute) and PP
+    results["checkpoint"] = _job(ctx, ["tp=2", "pp=2"], sequence_parallel=True, checkpoint="block",
+                                 impls=["lmsys", "torch"])
+    results["bf16"] = _job(ctx, ["tp=2", "pp=2"], dtype="bf16")
     gloo_world.finish(rank, results, out_path)
 
 
@@ -196,7 +261,9 @@ def worker_4(rank, world, store_path, out_path):
     ctx = _ctx(rank, world)
     results = {"rows": _job(ctx, ["dp=2,tp=2", "pp=2,dp=2", "pp=2,tp=2"], sequence_parallel=True),
                # lmsys's FSDP and torch's FSDP2 on the mesh's dp dim, beside TP and PP
-               "fsdp": _job(ctx, ["pp=2,dp=2", "dp=2,tp=2"], dp_strategy="fsdp", impls=["lmsys", "torch"])}
+               "fsdp": _job(ctx, ["pp=2,dp=2", "dp=2,tp=2"], dp_strategy="fsdp", impls=["lmsys", "torch"]),
+               # FSDP's unit hooks around a checkpointed block: they fire once, the recompute runs the block alone
+               "fsdp_checkpoint": _job(ctx, ["pp=2,dp=2"], dp_strategy="fsdp", checkpoint="block")}
     gloo_world.finish(rank, results, out_path)
 
 
@@ -207,9 +274,19 @@ def _assert_parity(rows):
         assert row["parity max|Δθ|"] < FP32_PARITY, row
 
 
+def test_degenerate_mesh_is_the_plain_step():
+    res = gloo_world.run_world(worker_1, 1)
+    assert res["dloss"] == 0 and res["dgrad"] == 0 and res["names"]  # bit for bit: the same ops in the same order
+    assert not res["wrapper"] and res["regions"] == ["compute"]  # no DDP at dp=1, no tp / pp / dp collective
+    assert res["act"] is None  # not counted unless asked (the hook costs a call per saved tensor)
+
+
 def test_tensor_parallel_gradients_and_vocab_parallel_ce():
     res = gloo_world.run_world(worker_2, 2)["grads"]
     assert res["ce"][0] < 1e-12 and res["ce"][1] < 1e-15
+    for sp in (False, True):
+        worst, bf16_itself = res[f"bf16,sp={sp}"]
+        assert worst < BF16_GRAD_REL and bf16_itself > 1e-3, (sp, worst, bf16_itself)  # bf16 really ran
     for key in ("sp=False,kv=None", "sp=True,kv=None", "sp=False,kv=1", "sp=True,kv=1"):
         dloss, dgrad, sharded = res[key]
         assert dloss < 1e-5 and dgrad < GRAD_TOL and sharded, (key, res[key])
@@ -239,3 +316,35 @@ def test_world_4_meshes_against_one_process():
                                                      ("lmsys", "dp=2,tp=2,pp=1"), ("torch", "dp=2,tp=2,pp=1")]
     # parameters (so gradients and optimizer state) sharded over dp: half of bucketed DDP's per rank
     assert fsdp[0]["params/rank"] < 0.51 * res["rows"][1]["params/rank"]
+
+
+def test_checkpointing_keeps_parity_and_holds_less():
+    res = gloo_world.run_world(worker_2, 2)
+    rows = res["checkpoint"]
+    assert [(r["impl"], r["mesh"]) for r in rows] == [("lmsys", "dp=1,tp=2,pp=1"), ("torch", "dp=1,tp=2,pp=1"),
+                                                     ("lmsys", "dp=1,tp=1,pp=2"), ("torch", "dp=1,tp=1,pp=2")]
+    lmsys_rows = [r for r in rows if r["impl"] == "lmsys"]
+    _assert_parity(lmsys_rows)
+    assert all(r["status"].startswith("not run") for r in rows if r["impl"] == "torch")
+    without = next(r for r in res["tp_sp"] if r["impl"] == "lmsys")  # the same mesh, SP, M=2, no checkpointing
+    assert 0 < lmsys_rows[0]["act MiB held"] < 0.7 * without["act MiB held"]
+    assert "checkpoint block" in lmsys_rows[0]["schedule"]
+
+
+def test_comm_columns_per_mesh_dim():
+    res = gloo_world.run_world(worker_2, 2)
+    tp = next(r for r in res["tp"] if r["impl"] == "lmsys")
+    pp = next(r for r in res["1f1b"] if r["impl"] == "lmsys")
+    assert tp["comm ms (tp)"] > 0 and tp["comm ms (pp)"] is None and tp["comm ms (dp)"] is None
+    assert pp["comm ms (pp)"] > 0 and pp["comm ms (tp)"] is None
+    assert pp["comm ms (pp)"] < pp["ms/step"] and tp["comm ms (tp)"] < tp["ms/step"]
+    assert all(r["comm ms (tp)"] is None for r in res["tp"] if r["impl"] == "torch")  # inside DTensor: unmeasured
+    dp = gloo_world.run_world(worker_4, 4)["rows"][0]  # dp=2,tp=2
+    assert dp["comm ms (dp)"] > 0 and dp["comm ms (tp)"] > 0
+
+
+def test_bf16_against_one_process_in_bf16():
+    for row in gloo_world.run_world(worker_2, 2)["bf16"]:
+        assert row["status"] == "ok", row
+        assert row["|Δloss|"] < BF16_LOSS, row
+        assert row["parity max|Δθ|"] < 2 * 1e-3 * 2, row  # AdamW's bound: 2·lr per step, 2 steps

@@ -20,6 +20,7 @@ from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig
 from lmsys.train import MODES
+from lmsys.train.optim import default_kind
 from lmsys.train.workload import Workload
 
 MODE_CHOICES = (*MODES, "all")
@@ -98,7 +99,7 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
         options["compile"] = compile_scope
     if optimizer != "auto":
         options["optimizer"] = optimizer
-    options.setdefault("optimizer", "adamw-fused" if device.type == "cuda" else "adamw")
+    options.setdefault("optimizer", default_kind(device))
     options["master_weights"] = master_weights or options.get("master_weights", False)
     options["fused_ce"] = {"on": True, "off": False}.get(fused_ce, options.get("fused_ce", "auto"))
     options["tf32"] = tf32 or options.get("tf32", False)

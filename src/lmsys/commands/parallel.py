@@ -21,6 +21,7 @@ def train(
     pp_schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved-1f1b.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option(help="Chunks per pipeline rank (interleaved-1f1b).")] = 1,
     microbatches: Annotated[int, typer.Option(help="Microbatches per step; --batch-size is split into them.")] = 4,
+    checkpoint: Annotated[str, typer.Option(help="none | block: activation checkpointing of each block of each pipeline stage (applied after TP and PP; lmsys rows).")] = "none",
     impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each (torch: DTensor parallelize_module, torch.distributed.pipelining, FSDP2 / DDP over dp).")] = "lmsys",
     size: Annotated[Optional[str], typer.Option(help="One model preset or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per data-parallel rank per step (split into the microbatches).")] = 4,
@@ -37,7 +38,7 @@ def train(
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import choose, parse_list
     from lmsys.distributed.mesh import check_plan, parse_mesh
-    from lmsys.distributed.parallelize import DP_STRATEGIES
+    from lmsys.distributed.parallelize import CHECKPOINTS, DP_STRATEGIES
     from lmsys.model.config import get_config
 
     check_render_options(format, output, dtype=dtype)  # before torch is imported
@@ -45,6 +46,7 @@ def train(
                  virtual_stages=(virtual_stages, 1))
     check_one_size(size, command="parallel train", why="one model per run")
     choose(dp_strategy, DP_STRATEGIES, what="--dp-strategy")
+    choose(checkpoint, CHECKPOINTS, what="--checkpoint")
     impls = [choose(i, ("lmsys", "torch"), what="--impl") for i in parse_list(impl, str, what="--impl")]
     if dtype == "fp16":
         raise LmsysError("parallel train with fp16 needs a gradient scaler across stages, which it does not have; use bf16")
@@ -76,7 +78,7 @@ def train(
     kwargs = dict(meshes=[s.label for s in specs], impls=impls, dp_strategy=dp_strategy,
                   sequence_parallel=sequence_parallel, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
                   microbatches=microbatches, size=size, context_length=context_length, batch_size=batch_size,
-                  dtype=dtype, steps=steps, warmup=warmup)
+                  dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint)
     result = run_on_ranks("lmsys.distributed.parallel_train:parallel_job", kwargs, world_size=n, backend=backend)
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints
         return

@@ -6,14 +6,16 @@ batches (`BatchSource` of `ddp train`), time the timed steps, then gather the sh
 the loss and every parameter with one process trained on the full global batch (`single_process_run`).
 
 Rows: impl, mesh, schedule, ms/step (median), tokens/s (all ranks), MFU, peak memory and parameters per
-rank (max over ranks), bubble % (idle over step time on the busiest stage, median step) beside the
-ideal, activation MiB the schedule held (max over ranks), |Δloss| and max|Δθ| against the reference.
+rank (max over ranks), communication ms per mesh dim, bubble % (idle over step time on the busiest
+stage, median step) beside the ideal, activation MiB the schedule held (first step, max over ranks),
+|Δloss| and max|Δθ| against the reference. A step is timed as `bench e2e` times its own: the one timer,
+nothing synchronised inside or between steps, the same AdamW (fused on a GPU), so the degenerate mesh
+dp = tp = pp = 1 runs bench e2e's step.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Optional
 
 import torch
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
-from lmsys.core.timing import synchronize
+from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
 from lmsys.distributed.pipeline import ideal_bubble
@@ -29,16 +31,18 @@ from lmsys.distributed.train import BatchSource, _to, mfu_percent
 from lmsys.model import describe
 from lmsys.model.config import get_config
 from lmsys.train import TrainStep, build_model, run_step
-from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
+from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
-            "params/rank", "bubble %", "ideal bubble %", "act MiB held", "loss", "|Δloss|", "parity max|Δθ|",
-            "status")
+            "params/rank", "comm ms (tp)", "comm ms (pp)", "comm ms (dp)", "bubble %", "ideal bubble %",
+            "act MiB held", "loss", "|Δloss|", "parity max|Δθ|", "status")
+COMM_DIMS = ("tp", "pp", "dp")
 
 
 def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
                  pp_schedule: str, virtual_stages: int, microbatches: int, size: str, context_length: int,
-                 batch_size: int, dtype: str, steps: int, warmup: int, seed: int = 0) -> dict:
+                 batch_size: int, dtype: str, steps: int, warmup: int, checkpoint: str = "none",
+                 seed: int = 0) -> dict:
     config = get_config(size).with_overrides(context_length=context_length)
     total = warmup + steps
     references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
@@ -55,10 +59,19 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
             row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
                            sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                            virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
-                           total=total, seed=seed, reference=references.get(global_batch) if ctx.is_main else None)
+                           total=total, seed=seed, checkpoint=checkpoint, reference=references.get(global_batch) if ctx.is_main else None)
             if ctx.is_main:
                 rows.append(row)
             barrier(ctx)
+    notes.append("comm ms (tp | pp | dp): per step, the median over the timed steps, the largest over ranks (CUDA "
+                 "events on a GPU, the host clock on a CPU). tp: every tensor-parallel collective (forward, backward, "
+                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on recvs and on the last "
+                 "sends (idle, the peer's compute included); dp: the wait for the gradient sync after the last backward "
+                 "(what the backward did not hide). torch's rows: inside DTensor and pipelining, not measured.")
+    if dtype == "bf16":
+        notes.append("bf16: the reference runs under the same autocast; rounding differs with the summation order "
+                     "(tests: one step's gradients within 2e-2 relative, |Δloss| < 2e-3; max|Δθ| is bounded only by "
+                     "AdamW's step, 2·lr per step, as a near-zero gradient's sign may flip).")
     meta = environment(ctx.device)
     meta["model"] = f"{size}: {describe(config)}"
     return {"rows": rows, "meta": meta, "notes": notes}
@@ -68,7 +81,7 @@ def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
     """(losses per step, parameters) of one process on the full global batch."""
     batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
     model = build_model(config, device=ctx.device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
+    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))
     step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
     losses = [run_step(step, *b).item() for b in batches]
     params = {name: p.detach().float().cpu().clone() for name, p in model.named_parameters()}
@@ -77,12 +90,16 @@ def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
 
 
 def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
-             microbatches, dtype, warmup, total, seed, reference) -> dict:
+             microbatches, dtype, warmup, total, seed, reference, checkpoint="none") -> dict:
     from lmsys.distributed.parallelize import HAND_WRITTEN_DP, parallelize
     from lmsys.distributed.torch_parallel import TorchParallelModel, local_numel, not_composable
 
     schedule_label = pp_schedule + (f", V={virtual_stages}" if pp_schedule == "interleaved-1f1b" else "") + \
-        f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "")
+        f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "") + \
+        (f", checkpoint {checkpoint}" if checkpoint != "none" else "")
+    if impl == "torch" and checkpoint != "none":
+        return _status_row("torch", spec, dp_strategy, schedule_label,
+                           "not run: --checkpoint applies to lmsys's parallelize only")
     if impl == "torch" and (why := not_composable(spec, dp_strategy)) is not None:
         return _status_row("torch", spec, dp_strategy, schedule_label, why)
     if impl == "lmsys" and spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
@@ -102,25 +119,35 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     else:
         pm = parallelize(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                          virtual_stages=virtual_stages, microbatches=microbatches,
-                         tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy)
+                         tokens_per_microbatch=b // microbatches * config.context_length, dp_strategy=dp_strategy,
+                         checkpoint=checkpoint)
     del model
-    optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR)
+    optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))  # bench e2e's
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
-    wall, busy, acts, losses = [], [], [], []
+    # timed as bench e2e times its step: the one timer (CUDA events on a GPU), no synchronisation inside
+    # or between steps; the activations are counted on the first step only (a hook per saved tensor)
+    timers, losses, act = [], [], None
     for i in range(total):
         inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        synchronize(ctx.device)
-        t0 = time.perf_counter()
-        res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device)
-        optimizer.step()
-        synchronize(ctx.device)
-        losses.append(None if res.loss is None else float(res.loss))
+        if i == warmup:
+            synchronize(ctx.device)
+        timer = RegionTimer(ctx.device)
+        with timer.region("step"):
+            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device,
+                                timer=timer, measure_activations=i == 0)
+            optimizer.step()
+        losses.append(res.loss)
+        if i == 0:
+            act = res.peak_activation_bytes
         if i >= warmup:
-            wall.append(time.perf_counter() - t0)
-            busy.append(res.busy_s)
-            acts.append(res.peak_activation_bytes)
+            timers.append(timer)
+    losses = [None if x is None else float(x) for x in losses]
+    wall = [t.samples("step")[0] * 1e-3 for t in timers]
+    measured = impl == "lmsys"  # torch's schedules do not report their compute time
+    busy = [sum(t.samples("compute")) * 1e-3 for t in timers] if measured else [None]
+    comm = {d: statistics.median([sum(t.samples(d)) for t in timers]) if measured else None for d in COMM_DIMS}
     # the loss lives on the last stage (the same on its tp ranks): the mean over dp ranks -> rank 0
     # on the rank's device: NCCL reduces no CPU tensor
     last_loss = torch.zeros(total, dtype=torch.float64, device=ctx.device)
@@ -131,10 +158,9 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     peak = peak_memory(ctx.device)
     n_params = sum(local_numel(p) for p in pm.parameters())
     step_ms = statistics.median(wall) * 1e3
-    measured = busy[0] is not None  # torch's schedules do not report their compute time
     idle = [(w - bz) / w for w, bz in zip(wall, busy)] if measured else [0.0]
     mine = dict(busy=statistics.median(busy) if measured else 0.0, idle=statistics.median(idle),
-                act=max(acts) if measured else None, peak=peak, params=n_params, ms=step_ms)
+                act=act if measured else None, peak=peak, params=n_params, ms=step_ms, comm=comm)
     facts = [None] * ctx.world_size
     dist.all_gather_object(facts, mine)
     full = pm.full_parameters(shapes)
@@ -148,13 +174,16 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     peaks = [f["peak"] for f in facts if f["peak"] is not None]
     row.update({
         "impl": impl, "mesh": spec.label, "dp strategy": dp_strategy if spec.dp > 1 else "-",
-        "schedule": schedule_label if spec.pp > 1 or microbatches > 1 else ("SP" if sequence_parallel and spec.tp > 1 else "-"),
+        "schedule": schedule_label if spec.pp > 1 or microbatches > 1 else (", ".join(
+            (["SP"] if sequence_parallel and spec.tp > 1 else []) + ([f"checkpoint {checkpoint}"] if checkpoint != "none"
+                                                                     else [])) or "-"),
         "ms/step": ms,
         "tokens/s": tokens / (ms * 1e-3),  # the global batch's tokens per step / step time
         "MFU %": mfu_percent(config, tokens=tokens, step_ms=ms, device=ctx.device, dtype=dtype,
                              processes=ctx.world_size),
         "peak MiB/rank": max(peaks) / MiB if peaks else None,
         "params/rank": max(f["params"] for f in facts),
+        **{f"comm ms ({d})": _comm_cell(facts, d, spec) for d in COMM_DIMS},
         # idle over step time on the stage with the most compute (the one that sets the pace)
         "bubble %": 100 * busiest["idle"] if spec.pp > 1 and measured else None,
         "ideal bubble %": 100 * ideal_bubble(pp_schedule, pp=spec.pp, microbatches=microbatches,
@@ -168,6 +197,14 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         row["|Δloss|"] = max(abs(a - b) for a, b in zip(last_loss.tolist(), ref_losses))
         row["parity max|Δθ|"] = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
     return row
+
+
+def _comm_cell(facts: list[dict], dim: str, spec) -> Optional[float]:
+    """The largest per-rank median of a dim's communication ms per step (None: the dim is 1 or unmeasured)."""
+    values = [f["comm"][dim] for f in facts if f["comm"][dim] is not None]
+    if getattr(spec, dim) == 1 or not values:
+        return None
+    return max(values)
 
 
 def _status_row(impl: str, spec, dp_strategy: str, schedule: str, status: str) -> dict:

@@ -8,11 +8,14 @@ BucketedDDP on the dp group, its buckets launched during the last microbatch's b
 ones accumulate locally, `require_grad_sync = False`), or lmsys's FSDP on the dp group (`reshard=False`:
 each unit stays gathered through the step's microbatches, its gradient reduce-scattered per backward). `full_parameters()` gathers every rank's shards
 into the full model's parameters on global rank 0.
-Activation checkpointing and compile are not applied yet (the slot is between PP and DP).
+`checkpoint="block"`: each block of the stage (tensor-parallel already) recomputes its activations in
+backward (its TP collectives run again there); applied between PP and DP, so DDP's and FSDP's hooks see
+the block as before. Compile is not applied.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -21,9 +24,11 @@ import torch.distributed as dist
 from lmsys.distributed.fsdp import FSDP
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.pipeline import PipelineModule, StepResult, partition, run_schedule, schedule
-from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss
+from lmsys.distributed.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
+from lmsys.train.checkpointing import checkpoint_forward
 
 DP_STRATEGIES = ("bucketed", "fsdp", "torch-ddp", "torch-fsdp")
+CHECKPOINTS = ("none", "block")
 HAND_WRITTEN_DP = ("bucketed", "fsdp")  # lmsys rows; torch-* run torch's wrappers (torch_parallel)
 
 
@@ -37,7 +42,10 @@ class ParallelModel:
         return (self.dp if isinstance(self.dp, FSDP) else self.stage).parameters()
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
-                   device=None) -> StepResult:
+                   device=None, timer=None, measure_activations: bool = True) -> StepResult:
+        """One step's forward and backward; the gradients averaged over dp. `timer` (a RegionTimer) gets
+        the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (the wait for
+        the gradient sync after the last backward)."""
         mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
         if self.dp is not None and not isinstance(self.dp, FSDP):
             self.dp.on_train_batch_start()
@@ -47,12 +55,15 @@ class ParallelModel:
             hook = _SyncBefore(self.dp, self.last_backward)
         else:
             actions, hook = self.actions, None
-        result = run_schedule(self.stage, _watch(actions, hook), inputs=list(mb_in), targets=list(mb_tg),
-                              pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
-                              group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
-                              autocast=autocast, device=device)
+        with timed_collectives(timer) if timer is not None else nullcontext():
+            result = run_schedule(self.stage, _watch(actions, hook), inputs=list(mb_in), targets=list(mb_tg),
+                                  pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
+                                  group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
+                                  autocast=autocast, device=device, timer=timer,
+                                  measure_activations=measure_activations)
         if self.dp is not None:
-            self.dp.finish_gradient_synchronization()
+            with timer.region("dp") if timer is not None else nullcontext():
+                self.dp.finish_gradient_synchronization()
         return result
 
     def local_pieces(self) -> dict[str, tuple[Optional[int], Optional[list[int]], torch.Tensor]]:
@@ -74,8 +85,11 @@ class ParallelModel:
 
     def full_parameters(self, shapes: dict[str, torch.Size]) -> Optional[dict[str, torch.Tensor]]:
         """The full model's parameters, assembled on global rank 0 (None elsewhere). A collective."""
-        pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(self.local_pieces(), pieces, dst=0)
+        if dist.get_world_size() == 1:  # nothing to gather: no pickling of the whole model
+            pieces = [self.local_pieces()]
+        else:
+            pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(self.local_pieces(), pieces, dst=0)  # NCCL: the launcher set the device
         if pieces is None:
             return None
         full = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
@@ -107,8 +121,11 @@ def _watch(actions, hook):
 
 def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedule: str = "1f1b",
                 virtual_stages: int = 1, microbatches: int = 1, tokens_per_microbatch: int,
-                dp_strategy: str = "bucketed", bucket_mb: float = 25.0) -> ParallelModel:
-    """TP -> PP -> DP, see the module docstring. `model`: the full TransformerLM, the same on every rank."""
+                dp_strategy: str = "bucketed", bucket_mb: float = 25.0, checkpoint: str = "none") -> ParallelModel:
+    """TP -> PP -> activation checkpointing -> DP, see the module docstring. `model`: the full
+    TransformerLM, the same on every rank. A dim of size 1 adds nothing: no collective, no wrapper."""
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"checkpoint {checkpoint!r}: one of {', '.join(CHECKPOINTS)}")
     config = model.config
     tp, pp, dp = mesh.size("tp"), mesh.size("pp"), mesh.size("dp")
     if tp > 1 or sequence_parallel:
@@ -119,6 +136,9 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
     mine = [chunks[c * pp + rank] for c in range(V)]
     stage = PipelineModule(model, mine, first=rank == 0, last=rank == pp - 1, loss_fn=tp_loss)
     actions = schedule(pp_schedule, pp=pp, rank=rank, microbatches=microbatches, virtual_stages=V)
+    if checkpoint == "block":  # the stage's blocks (sharded already); before DP, whose hooks stay outside
+        for block in stage.layers.values():
+            checkpoint_forward(block)
     wrapper = None
     if dp > 1:
         if dp_strategy not in HAND_WRITTEN_DP:

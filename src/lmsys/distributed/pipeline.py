@@ -14,8 +14,9 @@
   dist.isend / dist.irecv on the pp group, tagged by (virtual stage, microbatch, direction) so gloo
   matches them whatever the order (NCCL ignores tags: the pairs must be posted in the same order on
   both sides, which these schedules give for V = 1; interleaved on NCCL is unchecked). Returns the
-  loss, the busy (compute) time, and the peak activation bytes the schedule held (saved tensors of
-  forwards whose backward has not run yet).
+  loss and the peak activation bytes the schedule held (saved tensors of forwards whose backward has
+  not run yet); the compute and the recv waits go to the caller's RegionTimer (CUDA events on a GPU:
+  nothing synchronises inside the step).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.core.timing import synchronize
 
 # ------------------------------------------------------------------------------------------ stages
 
@@ -153,39 +153,51 @@ def ideal_bubble(kind: str, *, pp: int, microbatches: int, virtual_stages: int =
 @dataclass
 class StepResult:
     loss: torch.Tensor | None  # mean over microbatches (last stage only)
-    busy_s: float = 0.0  # forward + backward compute
+    busy_s: float | None = 0.0  # forward + backward compute (None: not measured)
     wall_s: float = 0.0
-    peak_activation_bytes: int = 0
+    peak_activation_bytes: int | None = 0
     peak_in_flight: int = 0
     sends: list = field(default_factory=list)
 
 
 def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], targets: list[torch.Tensor],
                  pp_ranks: list[int], pp_rank: int, group, act_shape: tuple[int, ...], autocast=None,
-                 device=None) -> StepResult:
+                 device=None, timer=None, measure_activations: bool = True) -> StepResult:
     """Run `actions` for this rank. inputs/targets: per-microbatch [b, S] tensors; act_shape: the
-    activation one microbatch sends ([b, S or S/tp, D])."""
+    activation one microbatch sends ([b, S or S/tp, D]). `timer` (a core.timing.RegionTimer, else
+    the host clock): regions "compute" around each forward / backward and "pp" around each wait on a
+    recv and the final wait on the sends; nothing synchronises the device. `measure_activations`:
+    count the bytes autograd saves (a hook on every saved tensor: leave it off in timed steps)."""
     pp, V, M = len(pp_ranks), len(stage.chunks), len(inputs)
     seq_len = inputs[0].shape[1]
-    params = {p.data_ptr() for p in stage.parameters()}
+    if device is None:
+        device = next(stage.parameters()).device  # NCCL receives into device memory only
+    params = {p.data_ptr() for p in stage.parameters()} if measure_activations else set()
     held: dict[tuple[int, int], tuple] = {}
     sizes: dict[tuple[int, int], int] = {}
     losses = []
-    res = StepResult(loss=None)
+    res = StepResult(loss=None, peak_activation_bytes=0 if measure_activations else None)
     current = [0]
-    cuda = device is not None and torch.device(device).type == "cuda"
+    region = timer.region if timer is not None else _host_region(res)
 
     def pack(t):
         if t.data_ptr() not in params:
             current[0] += t.numel() * t.element_size()
         return t
 
+    def saved():
+        if measure_activations:
+            return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        return _null()
+
     def tag(vstage: int, m: int, grad: bool) -> int:
         return (vstage * M + m) * 2 + int(grad)
 
     def recv(src_rank: int, t: int) -> torch.Tensor:
         buf = torch.empty(act_shape, device=device, dtype=torch.float32)
-        dist.irecv(buf, src=pp_ranks[src_rank], group=group, tag=t).wait()
+        work = dist.irecv(buf, src=pp_ranks[src_rank], group=group, tag=t)
+        with region("pp"):
+            work.wait()
         return buf
 
     def send(x: torch.Tensor, dst_rank: int, t: int) -> None:
@@ -198,17 +210,14 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
         last = s == pp * V - 1
         if op == "F":
             x = inputs[m] if s == 0 else recv((pp_rank - 1) % pp, tag(s, m, False)).requires_grad_()
-            synchronize(device) if cuda else None
-            t0 = time.perf_counter()
             current[0] = 0
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), (autocast() if autocast else _null()):
+            with region("compute"), saved(), (autocast() if autocast else _null()):
                 y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
-            synchronize(device) if cuda else None
-            res.busy_s += time.perf_counter() - t0
-            sizes[(c, m)] = current[0]
             held[(c, m)] = (x, y)
             res.peak_in_flight = max(res.peak_in_flight, len(held))
-            res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))
+            if measure_activations:
+                sizes[(c, m)] = current[0]
+                res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))
             if last:
                 losses.append(y.detach())
             else:
@@ -216,23 +225,40 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
         else:
             x, y = held.pop((c, m))
             grad = None if last else recv((pp_rank + 1) % pp, tag(s, m, True))
-            synchronize(device) if cuda else None
-            t0 = time.perf_counter()
-            if last:
-                (y / M).backward()
-            else:
-                torch.autograd.backward(y, grad)
-            synchronize(device) if cuda else None
-            res.busy_s += time.perf_counter() - t0
+            with region("compute"):
+                if last:
+                    (y / M if M > 1 else y).backward()
+                else:
+                    torch.autograd.backward(y, grad)
             if s > 0:
                 send(x.grad, (pp_rank - 1) % pp, tag(s - 1, m, True))
-    for work, _ in res.sends:
-        work.wait()
+    if res.sends:
+        with region("pp"):
+            for work, _ in res.sends:
+                work.wait()
     res.sends = []
     res.wall_s = time.perf_counter() - start
     if losses:
-        res.loss = torch.stack(losses).mean()
+        res.loss = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
+    if timer is not None:
+        res.busy_s = None  # the caller reads timer.samples("compute") once the device is done
     return res
+
+
+def _host_region(res: StepResult):
+    """Without a timer: the host clock, the "compute" regions summed into res.busy_s (exact on a CPU)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def region(name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if name == "compute":
+                res.busy_s += time.perf_counter() - t0
+
+    return region
 
 
 class _null:

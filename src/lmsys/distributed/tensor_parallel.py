@@ -19,12 +19,15 @@ weights:
   (reduce-scatter forward, all-gather backward) after a row-parallel one. A norm weight sees only its
   shard's tokens, so its gradient is all-reduced (`copy_to_tp` on the weight).
 
+`timed_collectives(timer)`: while active, every collective here is a region "tp" of that RegionTimer.
 `model.tp_layout[name] = (dim, index)`: the rows/columns of the full parameter `name` this rank holds
 (absent: a full copy), for gathering the full model (`gather_full_parameters`).
 Limits: sequence length divisible by tp with sequence parallelism; no weight tying.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -37,10 +40,27 @@ from lmsys.model.transformer import TransformerLM, apply_rope
 
 # ------------------------------------------------------------------------------- the conjugate ops
 
+_TIMER = [None]  # a core.timing.RegionTimer while `timed_collectives` is active: every collective below in region "tp"
 
-def _all_reduce(x, group):
+
+@contextmanager
+def timed_collectives(timer):
+    """Time every tensor-parallel collective (forward, backward, the loss's) in `timer`'s region "tp"."""
+    _TIMER[0] = timer
+    try:
+        yield
+    finally:
+        _TIMER[0] = None
+
+
+def _region():
+    return nullcontext() if _TIMER[0] is None else _TIMER[0].region("tp")
+
+
+def _all_reduce(x, group, op=dist.ReduceOp.SUM):
     x = x.contiguous()
-    dist.all_reduce(x, group=group)
+    with _region():
+        dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -48,7 +68,8 @@ def _all_gather(x, dim, group):
     world = dist.get_world_size(group)
     x = x.movedim(dim, 0).contiguous()
     out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group)
+    with _region():
+        dist.all_gather_into_tensor(out, x, group=group)
     return out.movedim(0, dim)
 
 
@@ -56,7 +77,8 @@ def _reduce_scatter(x, dim, group):
     world = dist.get_world_size(group)
     x = x.movedim(dim, 0).contiguous()
     out = x.new_empty((x.shape[0] // world, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x, group=group)
+    with _region():
+        dist.reduce_scatter_tensor(out, x, group=group)
     return out.movedim(0, dim)
 
 
@@ -277,18 +299,15 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, targets, start, group):
         # logits [N, V/tp] (this rank's columns), targets [N] global ids -> per-token loss [N]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
-        m = logits.max(dim=-1).values
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        m = _all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)
         shifted = logits - m.unsqueeze(-1)
         exp = shifted.exp()
-        sum_exp = exp.sum(-1)
-        dist.all_reduce(sum_exp, group=group)
+        sum_exp = _all_reduce(exp.sum(-1), group)
         n = logits.shape[-1]
         local = targets - start
         here = (local >= 0) & (local < n)
         local = local.masked_fill(~here, 0)
-        target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * here
-        dist.all_reduce(target_logit, group=group)
+        target_logit = _all_reduce(shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * here, group)
         ctx.save_for_backward(exp, sum_exp, local, here)
         return sum_exp.log() - target_logit  # log Σ exp - z_target
 

@@ -29,3 +29,15 @@ def apply_activation_checkpointing(model: torch.nn.Module, segment: int) -> None
     model.layers = torch.nn.ModuleList(
         CheckpointedSegment(blocks[i:i + segment]) for i in range(0, len(blocks), segment)
     )
+
+
+def checkpoint_forward(module: torch.nn.Module) -> None:
+    """Make `module` recompute its activations in backward, in place: its own forward runs under a
+    non-reentrant checkpoint. Its parameter names and the hooks on it (a DDP's, an FSDP unit's) stay
+    as they were: the hooks fire once around the call, the recompute runs the forward alone."""
+    inner = module.forward
+
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward

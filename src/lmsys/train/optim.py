@@ -17,6 +17,12 @@ STEP_LR = 1e-4      # a Workload's (bench e2e, profile): a few steps of a benchm
 DDP_TRAIN_LR = 1e-3  # ddp train's: parity max|Δθ| compares parameters that moved visibly in a few steps
 
 
+def default_kind(device) -> str:
+    """The AdamW a step uses unless told: fused on a GPU (one kernel over every tensor), foreach elsewhere.
+    `bench e2e` and `parallel train` both pick it, so their steps compare like for like."""
+    return "adamw-fused" if getattr(device, "type", str(device)) == "cuda" else "adamw"
+
+
 def make_optimizer(params, *, lr: float, kind: str = "adamw", master_weights: bool = False):
     """The one AdamW (weight decay 0.01) every tool trains with: foreach or fused (`kind`), or the Triton
     master-weight AdamW for bf16 weights."""
