@@ -293,7 +293,7 @@ def test_hf_without_transformers_names_the_extra(monkeypatch):
         build_model(_config("hf:llama"), device="cpu")
 
 
-@pytest.mark.parametrize("name", ["hf:llama", "hf:gpt2"])
+@pytest.mark.parametrize("name", ["hf:llama", "hf:gpt2", "hf:qwen2", "hf:mistral"])
 def test_hf_models_offline_at_tiny(lmsys, name):
     pytest.importorskip("transformers")
     r = lmsys("bench", "e2e", "--model", name, "--context-length", "16", "--batch-size", "2", "--steps", "1",
@@ -302,10 +302,14 @@ def test_hf_models_offline_at_tiny(lmsys, name):
     row = json.loads(r.out)["rows"][0]
     cfg = _config(name)
     L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
-    if name == "hf:llama":  # the same shapes as lmsys's TransformerLM: untied head, no biases
+    if name in ("hf:llama", "hf:mistral"):  # the same shapes as lmsys's TransformerLM: untied head, no biases
         from lmsys.train.build import count_parameters
 
         assert row["params"] == count_parameters(_config("lmsys"))
+    elif name == "hf:qwen2":  # lmsys's shapes plus biases on q, k and v (kv heads = query heads, as lmsys's)
+        from lmsys.train.build import count_parameters
+
+        assert row["params"] == count_parameters(_config("lmsys")) + L * 3 * D
     else:  # GPT-2: tied head, learned positions (n_positions = context 16), biases, LayerNorms
         assert row["params"] == V * D + 16 * D + L * (4 * D * D + 2 * D * F + 5 * D + F + 4 * D) + 2 * D  # biases 5D+F, two LayerNorms 4D
     assert row["status"] == "ok" and abs(row["loss"] - math.log(V)) < 0.5
