@@ -137,6 +137,38 @@ def test_missing_causal_mask_is_named_on_causal_cases_only(lmsys):
         assert row["CS336 saved L"].startswith("no") and row["L err"] is None
 
 
+def test_attention_that_raises_is_a_row_in_error_and_the_others_run(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:crashing_attention,flash-torch", "--cases", "2", "--format", "json")
+    assert r.code == 1, r.err
+    rows = _rows(r)
+    assert [row["impl"] for row in rows] == [f"{BUGS}:crashing_attention"] * 2 + ["flash-torch"] * 2
+    for row in rows[:2]:
+        assert row["result"] == "FAIL" and row["off"] == ("raised ValueError: Pointer argument (at 0) cannot be "
+                                                          "accessed from Triton (cpu tensor?)")
+    assert all(row["result"] == "pass" and row["dK err"] < row["tol"] for row in rows[2:])
+    r = lmsys("bench", "attention", "--impl", f"{BUGS}:crashing_attention,naive", "--d-head", "16", "--seq-len", "32",
+              "--steps", "1", "--warmup", "0", "--format", "md")
+    assert r.code == 1 and "1 of 2 rows failed" in r.err
+    header, _, crashed, naive = [line for line in r.out.splitlines() if line.startswith("|")]
+    assert header.endswith("| status |") and crashed.endswith("| error: ValueError: Pointer argument (at 0) cannot be "
+                                                             "accessed from Triton (cpu tensor?) |")
+    assert naive.endswith("| ok |")
+
+
+def test_adapters_alone_add_your_rows(lmsys, monkeypatch):
+    """--adapters without --impl: bench attention adds your rows to lmsys's (yours-torch only on a CPU), and
+    flash check runs yours-triton only where Triton runs (a GPU, or the interpreter)."""
+    r = lmsys("bench", "attention", "--adapters", STUBS, "--d-head", "16", "--seq-len", "32", "--steps", "1",
+              "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    assert [(row["impl"], row["status"]) for row in _rows(r)] == [
+        ("naive", "ok"), ("compiled", "ok"),
+        ("yours-torch", "not implemented (get_flashattention_autograd_function_pytorch)")]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    r = lmsys("flash", "check", "--adapters", STUBS, "--format", "json")
+    assert r.code == 0 and [row["impl"] for row in _rows(r)] == ["yours-torch"]
+
+
 def test_users_attention_takes_heads_and_shared_heads(seed):
     """bench attention feeds [batch, heads, seq, d] (and fewer kv heads): a user's [batch, seq, d] function
     gets them flattened and repeated, and returns the same as the float64 reference."""
