@@ -297,6 +297,48 @@ def test_cs336_signature_model_builds_with_every_preset(preset):
     assert count_parameters(_config(f"{MODELS}:CS336LM", preset)) == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
 
 
+CS336_BASICS = "cs336_basics.model:BasicsTransformerLM"
+
+
+@pytest.fixture
+def cs336_basics(monkeypatch):
+    """tests/fixtures/byo/pkgs/cs336_basics (our stand-in with the reference constructor) importable by name."""
+    monkeypatch.syspath_prepend(str(BYO / "pkgs"))
+    monkeypatch.delitem(sys.modules, "cs336_basics", raising=False)
+    monkeypatch.delitem(sys.modules, "cs336_basics.model", raising=False)
+
+
+def test_cs336_basics_by_name_builds_with_every_preset_and_no_kwargs(cs336_basics):
+    """Its shapes are lmsys's TransformerLM's (RoPE, RMSNorm, SwiGLU, untied head): built on the meta device
+    at every preset, parameters and FLOPs from the module equal lmsys's formulas."""
+    from lmsys.core.flops import model_flops
+    from lmsys.model.config import PRESETS, get_config
+    from lmsys.model.user import model_flops as user_flops
+    from lmsys.train.build import count_parameters
+
+    assert len(PRESETS) >= 7
+    for preset in PRESETS:
+        cfg = get_config(preset)
+        L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+        mine = _config(CS336_BASICS, preset)
+        assert count_parameters(mine) == V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V == count_parameters(cfg)
+        assert user_flops(mine, batch_size=2, seq_len=cfg.context_length, backward=True) == model_flops(
+            cfg, batch_size=2, seq_len=cfg.context_length, backward=True)
+
+
+def test_bench_e2e_on_cs336_basics_by_name(lmsys, cs336_basics):
+    r = lmsys("bench", "e2e", "--model", CS336_BASICS, "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    (row,) = doc["rows"]
+    from lmsys.train.build import count_parameters
+
+    assert row["status"] == "ok" and row["params"] == count_parameters(_config("lmsys"))
+    assert abs(row["loss"] - math.log(10000)) < 0.5  # random weights: about uniform over the vocabulary
+    assert doc["meta"]["tiny"].startswith(f"{CS336_BASICS}: d_model 128")
+
+
 def test_bench_e2e_on_a_users_model(lmsys):
     r = lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", "--context-length", "16", "--batch-size", "2",
               "--steps", "1", "--warmup", "0", "--mode", "all", "--compile-blocks", "--format", "json")
