@@ -244,6 +244,32 @@ def test_ddp_strategy_import_path(lmsys):
     assert rows["lmsys.distributed.ddp:FlatDDP"]["parity max|Δθ|"] < 1e-5
 
 
+def test_the_2025_adapters_contract_drives_yours_and_yours_bucketed():
+    """get_ddp_individual_parameters stands in for a missing get_ddp, and each row calls its own hooks with
+    (model, optimizer): the 2025 on_after_backward names, and the bucketed on_train_batch_start."""
+    from lmsys.core.imports import load_module
+    from lmsys.distributed.runs import RunSpec
+    from lmsys.distributed.strategies import step_hooks, wrap_model
+
+    path = str(BYO / "adapters_2025.py")
+    calls = load_module(path, what="--adapters").CALLS
+    model, optimizer = torch.nn.Linear(2, 2), object()
+    spec = RunSpec("yours", adapters=path)
+    wrapped = wrap_model(model, spec, None, dtype="fp32")
+    before, after = step_hooks(wrapped, optimizer, spec)
+    assert wrapped.module is model and before is None
+    after()
+    spec = RunSpec("yours-bucketed", bucket_mb=0.5, adapters=path)
+    wrapped = wrap_model(model, spec, None, dtype="fp32")
+    before, after = step_hooks(wrapped, optimizer, spec)
+    before()
+    after()
+    assert calls == ["get_ddp_individual_parameters",
+                     ("ddp_individual_parameters_on_after_backward", "individual", optimizer),
+                     ("get_ddp_bucketed", 0.5), ("ddp_bucketed_on_train_batch_start", "bucketed", optimizer),
+                     ("ddp_bucketed_on_after_backward", "bucketed", optimizer)]
+
+
 # ----------------------------------------------------------------------------- --model
 
 
@@ -324,6 +350,19 @@ def test_cs336_basics_by_name_builds_with_every_preset_and_no_kwargs(cs336_basic
         assert count_parameters(mine) == V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V == count_parameters(cfg)
         assert user_flops(mine, batch_size=2, seq_len=cfg.context_length, backward=True) == model_flops(
             cfg, batch_size=2, seq_len=cfg.context_length, backward=True)
+
+
+def test_model_kwargs_override_the_presets_sizes(cs336_basics):
+    """--model-kwargs that name a size (d_model, num_heads) go to the constructor and to the config (so the
+    data and the FLOPs follow them); the preset gives the rest."""
+    from lmsys.train.build import build_model, count_parameters
+
+    cfg = _config(CS336_BASICS, "tiny", kwargs=json.dumps({"d_model": 64, "num_heads": 2}))
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    assert (D, cfg.num_heads, F) == (64, 2, 512)
+    assert count_parameters(cfg) == V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V
+    model = build_model(cfg, device="cpu")
+    assert model.model.layers[0].num_heads == 2 and model(torch.randint(0, V, (1, 7))).shape == (1, 7, V)
 
 
 def test_bench_e2e_on_cs336_basics_by_name(lmsys, cs336_basics):
