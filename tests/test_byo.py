@@ -155,6 +155,15 @@ def test_attention_that_raises_is_a_row_in_error_and_the_others_run(lmsys):
     assert naive.endswith("| ok |")
 
 
+def test_wrong_output_dtype_is_named(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:float64_attention", "--cases", "2", "--dtype", "bf16",
+              "--format", "json")
+    assert r.code == 1
+    for row in _rows(r):
+        assert row["result"] == "FAIL" and row["O err"] < row["tol"]
+        assert row["off"] == "O dtype float64, expected bf16"  # autograd casts the gradients back itself
+
+
 def test_adapters_alone_add_your_rows(lmsys, monkeypatch):
     """--adapters without --impl: bench attention adds your rows to lmsys's (yours-torch only on a CPU), and
     flash check runs yours-triton only where Triton runs (a GPU, or the interpreter)."""
