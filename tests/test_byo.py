@@ -398,12 +398,20 @@ def test_bench_e2e_on_a_users_model(lmsys):
         assert row["status"] == "ok" and row["params"] == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
         assert abs(row["loss"] - math.log(V)) < 0.5  # random weights: about uniform over the vocabulary
     assert doc["meta"]["tiny"].startswith(f"{MODELS}:CS336LM: d_model 128")
+    assert "attention" not in doc["meta"]["lmsys path"]  # the model's own, not lmsys's naive
 
 
 @pytest.mark.parametrize("switch, words", [(["--checkpoint", "block"], "--checkpoint calls lmsys's blocks"),
-                                           (["--fused-ce", "on"], "--fused-ce on needs lmsys's hidden states")])
+                                           (["--fused-ce", "on"], "--fused-ce on needs lmsys's hidden states"),
+                                           (["--attn", "sdpa"], "--attn picks the attention inside lmsys's model")])
 def test_fast_path_switches_needing_lmsys_structure_are_refused(lmsys, switch, words):
     assert words in one_line(lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", *switch, "--device", "cpu"))
+
+
+def test_profile_nsys_refuses_to_annotate_a_users_attention(lmsys):
+    line = one_line(lmsys("profile", "nsys", "--model", f"{MODELS}:CS336LM", "--annotate-attention",
+                          "--engine", "torch", "--device", "cpu"))
+    assert "--annotate-attention swaps the attention inside lmsys's model" in line
 
 
 def test_hf_without_transformers_names_the_extra(monkeypatch):

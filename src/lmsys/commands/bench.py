@@ -61,6 +61,9 @@ def e2e(
     if attn is not None:
         check_name(attn)
     model = check_model(model) if model else None
+    if attn is not None and model not in (None, "lmsys"):
+        raise LmsysError(f"--attn picks the attention inside lmsys's model; --model {model} runs its own "
+                         "(leave --attn out)")
     kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e
