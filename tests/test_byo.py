@@ -137,6 +137,47 @@ def test_missing_causal_mask_is_named_on_causal_cases_only(lmsys):
         assert row["CS336 saved L"].startswith("no") and row["L err"] is None
 
 
+def test_attention_that_raises_is_a_row_in_error_and_the_others_run(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:crashing_attention,flash-torch", "--cases", "2", "--format", "json")
+    assert r.code == 1, r.err
+    rows = _rows(r)
+    assert [row["impl"] for row in rows] == [f"{BUGS}:crashing_attention"] * 2 + ["flash-torch"] * 2
+    for row in rows[:2]:
+        assert row["result"] == "FAIL" and row["off"] == ("raised ValueError: Pointer argument (at 0) cannot be "
+                                                          "accessed from Triton (cpu tensor?)")
+    assert all(row["result"] == "pass" and row["dK err"] < row["tol"] for row in rows[2:])
+    r = lmsys("bench", "attention", "--impl", f"{BUGS}:crashing_attention,naive", "--d-head", "16", "--seq-len", "32",
+              "--steps", "1", "--warmup", "0", "--format", "md")
+    assert r.code == 1 and "1 of 2 rows failed" in r.err
+    header, _, crashed, naive = [line for line in r.out.splitlines() if line.startswith("|")]
+    assert header.endswith("| status |") and crashed.endswith("| error: ValueError: Pointer argument (at 0) cannot be "
+                                                             "accessed from Triton (cpu tensor?) |")
+    assert naive.endswith("| ok |")
+
+
+def test_wrong_output_dtype_is_named(lmsys):
+    r = lmsys("flash", "check", "--impl", f"{BUGS}:float64_attention", "--cases", "2", "--dtype", "bf16",
+              "--format", "json")
+    assert r.code == 1
+    for row in _rows(r):
+        assert row["result"] == "FAIL" and row["O err"] < row["tol"]
+        assert row["off"] == "O dtype float64, expected bf16"  # autograd casts the gradients back itself
+
+
+def test_adapters_alone_add_your_rows(lmsys, monkeypatch):
+    """--adapters without --impl: bench attention adds your rows to lmsys's (yours-torch only on a CPU), and
+    flash check runs yours-triton only where Triton runs (a GPU, or the interpreter)."""
+    r = lmsys("bench", "attention", "--adapters", STUBS, "--d-head", "16", "--seq-len", "32", "--steps", "1",
+              "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    assert [(row["impl"], row["status"]) for row in _rows(r)] == [
+        ("naive", "ok"), ("compiled", "ok"),
+        ("yours-torch", "not implemented (get_flashattention_autograd_function_pytorch)")]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    r = lmsys("flash", "check", "--adapters", STUBS, "--format", "json")
+    assert r.code == 0 and [row["impl"] for row in _rows(r)] == ["yours-torch"]
+
+
 def test_users_attention_takes_heads_and_shared_heads(seed):
     """bench attention feeds [batch, heads, seq, d] (and fewer kv heads): a user's [batch, seq, d] function
     gets them flattened and repeated, and returns the same as the float64 reference."""
@@ -212,6 +253,32 @@ def test_ddp_strategy_import_path(lmsys):
     assert rows["lmsys.distributed.ddp:FlatDDP"]["parity max|Δθ|"] < 1e-5
 
 
+def test_the_2025_adapters_contract_drives_yours_and_yours_bucketed():
+    """get_ddp_individual_parameters stands in for a missing get_ddp, and each row calls its own hooks with
+    (model, optimizer): the 2025 on_after_backward names, and the bucketed on_train_batch_start."""
+    from lmsys.core.imports import load_module
+    from lmsys.distributed.runs import RunSpec
+    from lmsys.distributed.strategies import step_hooks, wrap_model
+
+    path = str(BYO / "adapters_2025.py")
+    calls = load_module(path, what="--adapters").CALLS
+    model, optimizer = torch.nn.Linear(2, 2), object()
+    spec = RunSpec("yours", adapters=path)
+    wrapped = wrap_model(model, spec, None, dtype="fp32")
+    before, after = step_hooks(wrapped, optimizer, spec)
+    assert wrapped.module is model and before is None
+    after()
+    spec = RunSpec("yours-bucketed", bucket_mb=0.5, adapters=path)
+    wrapped = wrap_model(model, spec, None, dtype="fp32")
+    before, after = step_hooks(wrapped, optimizer, spec)
+    before()
+    after()
+    assert calls == ["get_ddp_individual_parameters",
+                     ("ddp_individual_parameters_on_after_backward", "individual", optimizer),
+                     ("get_ddp_bucketed", 0.5), ("ddp_bucketed_on_train_batch_start", "bucketed", optimizer),
+                     ("ddp_bucketed_on_after_backward", "bucketed", optimizer)]
+
+
 # ----------------------------------------------------------------------------- --model
 
 
@@ -265,6 +332,61 @@ def test_cs336_signature_model_builds_with_every_preset(preset):
     assert count_parameters(_config(f"{MODELS}:CS336LM", preset)) == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
 
 
+CS336_BASICS = "cs336_basics.model:BasicsTransformerLM"
+
+
+@pytest.fixture
+def cs336_basics(monkeypatch):
+    """tests/fixtures/byo/pkgs/cs336_basics (our stand-in with the reference constructor) importable by name."""
+    monkeypatch.syspath_prepend(str(BYO / "pkgs"))
+    monkeypatch.delitem(sys.modules, "cs336_basics", raising=False)
+    monkeypatch.delitem(sys.modules, "cs336_basics.model", raising=False)
+
+
+def test_cs336_basics_by_name_builds_with_every_preset_and_no_kwargs(cs336_basics):
+    """Its shapes are lmsys's TransformerLM's (RoPE, RMSNorm, SwiGLU, untied head): built on the meta device
+    at every preset, parameters and FLOPs from the module equal lmsys's formulas."""
+    from lmsys.core.flops import model_flops
+    from lmsys.model.config import PRESETS, get_config
+    from lmsys.model.user import model_flops as user_flops
+    from lmsys.train.build import count_parameters
+
+    assert len(PRESETS) >= 7
+    for preset in PRESETS:
+        cfg = get_config(preset)
+        L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+        mine = _config(CS336_BASICS, preset)
+        assert count_parameters(mine) == V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V == count_parameters(cfg)
+        assert user_flops(mine, batch_size=2, seq_len=cfg.context_length, backward=True) == model_flops(
+            cfg, batch_size=2, seq_len=cfg.context_length, backward=True)
+
+
+def test_model_kwargs_override_the_presets_sizes(cs336_basics):
+    """--model-kwargs that name a size (d_model, num_heads) go to the constructor and to the config (so the
+    data and the FLOPs follow them); the preset gives the rest."""
+    from lmsys.train.build import build_model, count_parameters
+
+    cfg = _config(CS336_BASICS, "tiny", kwargs=json.dumps({"d_model": 64, "num_heads": 2}))
+    L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
+    assert (D, cfg.num_heads, F) == (64, 2, 512)
+    assert count_parameters(cfg) == V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D + D * V
+    model = build_model(cfg, device="cpu")
+    assert model.model.layers[0].num_heads == 2 and model(torch.randint(0, V, (1, 7))).shape == (1, 7, V)
+
+
+def test_bench_e2e_on_cs336_basics_by_name(lmsys, cs336_basics):
+    r = lmsys("bench", "e2e", "--model", CS336_BASICS, "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--format", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    (row,) = doc["rows"]
+    from lmsys.train.build import count_parameters
+
+    assert row["status"] == "ok" and row["params"] == count_parameters(_config("lmsys"))
+    assert abs(row["loss"] - math.log(10000)) < 0.5  # random weights: about uniform over the vocabulary
+    assert doc["meta"]["tiny"].startswith(f"{CS336_BASICS}: d_model 128")
+
+
 def test_bench_e2e_on_a_users_model(lmsys):
     r = lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", "--context-length", "16", "--batch-size", "2",
               "--steps", "1", "--warmup", "0", "--mode", "all", "--compile-blocks", "--format", "json")
@@ -276,12 +398,20 @@ def test_bench_e2e_on_a_users_model(lmsys):
         assert row["status"] == "ok" and row["params"] == V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + D * V
         assert abs(row["loss"] - math.log(V)) < 0.5  # random weights: about uniform over the vocabulary
     assert doc["meta"]["tiny"].startswith(f"{MODELS}:CS336LM: d_model 128")
+    assert "attention" not in doc["meta"]["lmsys path"]  # the model's own, not lmsys's naive
 
 
 @pytest.mark.parametrize("switch, words", [(["--checkpoint", "block"], "--checkpoint calls lmsys's blocks"),
-                                           (["--fused-ce", "on"], "--fused-ce on needs lmsys's hidden states")])
+                                           (["--fused-ce", "on"], "--fused-ce on needs lmsys's hidden states"),
+                                           (["--attn", "sdpa"], "--attn picks the attention inside lmsys's model")])
 def test_fast_path_switches_needing_lmsys_structure_are_refused(lmsys, switch, words):
     assert words in one_line(lmsys("bench", "e2e", "--model", f"{MODELS}:CS336LM", *switch, "--device", "cpu"))
+
+
+def test_profile_nsys_refuses_to_annotate_a_users_attention(lmsys):
+    line = one_line(lmsys("profile", "nsys", "--model", f"{MODELS}:CS336LM", "--annotate-attention",
+                          "--engine", "torch", "--device", "cpu"))
+    assert "--annotate-attention swaps the attention inside lmsys's model" in line
 
 
 def test_hf_without_transformers_names_the_extra(monkeypatch):
@@ -293,7 +423,7 @@ def test_hf_without_transformers_names_the_extra(monkeypatch):
         build_model(_config("hf:llama"), device="cpu")
 
 
-@pytest.mark.parametrize("name", ["hf:llama", "hf:gpt2"])
+@pytest.mark.parametrize("name", ["hf:llama", "hf:gpt2", "hf:qwen2", "hf:mistral"])
 def test_hf_models_offline_at_tiny(lmsys, name):
     pytest.importorskip("transformers")
     r = lmsys("bench", "e2e", "--model", name, "--context-length", "16", "--batch-size", "2", "--steps", "1",
@@ -302,10 +432,14 @@ def test_hf_models_offline_at_tiny(lmsys, name):
     row = json.loads(r.out)["rows"][0]
     cfg = _config(name)
     L, D, F, V = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size
-    if name == "hf:llama":  # the same shapes as lmsys's TransformerLM: untied head, no biases
+    if name in ("hf:llama", "hf:mistral"):  # the same shapes as lmsys's TransformerLM: untied head, no biases
         from lmsys.train.build import count_parameters
 
         assert row["params"] == count_parameters(_config("lmsys"))
+    elif name == "hf:qwen2":  # lmsys's shapes plus biases on q, k and v (kv heads = query heads, as lmsys's)
+        from lmsys.train.build import count_parameters
+
+        assert row["params"] == count_parameters(_config("lmsys")) + L * 3 * D
     else:  # GPT-2: tied head, learned positions (n_positions = context 16), biases, LayerNorms
         assert row["params"] == V * D + 16 * D + L * (4 * D * D + 2 * D * F + 5 * D + F + 4 * D) + 2 * D  # biases 5D+F, two LayerNorms 4D
     assert row["status"] == "ok" and abs(row["loss"] - math.log(V)) < 0.5

@@ -112,6 +112,16 @@ def test_rich_renderer_and_output_file(tmp_path, capsys):
     assert len(json.loads((tmp_path / "two.json").read_text())) == 2
 
 
+def test_rich_renderer_prints_brackets_as_text(capsys):
+    """Cells, meta values and notes are text, not Rich markup: "[hf]" and "[batch, seq, d]" survive."""
+    report = Report("brackets", [{"what": "the [hf] extra", "n": 1}], {"model": "[bold]x[/bold]"},
+                    ["gets CS336's [batch, seq, d] and [dim]"])
+    render(report, "table")
+    printed = capsys.readouterr().out
+    for text in ("the [hf] extra", "[bold]x[/bold]", "[batch, seq, d] and [dim]"):
+        assert text in printed
+
+
 def test_parsing():
     assert parse_bytes("1MB") == 10**6 and parse_bytes("1MiB") == 2**20 and parse_bytes("4096") == 4096
     assert parse_bytes("1.5GB") == 1_500_000_000

@@ -181,6 +181,11 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         if kept != base.impls:
             notes.append(f"CPU: implementations {_list(kept)} (GPU-only ones dropped; choose with --impl).")
         base = replace(base, impls=kept)
+    if adapters is not None and not impls:  # your rows beside lmsys's, as ddp train adds its four
+        yours = ("yours-torch", "yours-triton") if device.type == "cuda" else ("yours-torch",)
+        if device.type != "cuda":
+            notes.append("CPU: --adapters times yours-torch (yours-triton on a GPU, or ask for it with --impl).")
+        base = replace(base, impls=base.impls + yours)
     sweep = replace(
         base,
         impls=tuple(dict.fromkeys(impls)) if impls else base.impls,
@@ -229,20 +234,27 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
 
 
 def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
-    """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported."""
+    """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported, a user's
+    `not implemented (...)` or the error the user's attention raised."""
     from lmsys.core.devices import free_memory, is_oom
     from lmsys.core.imports import NotImplementedByUser
+    from lmsys.kernels.registry import USER
 
+    measured = ("fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "peak fwd MiB",
+                "before bwd MiB", "peak bwd MiB")
+    key = {**key, **dict.fromkeys(measured)}  # a status row has the measured columns too: status stays last
     try:
         row = {**key, **_measure(key["impl"], key["batch"], key["heads"], key["d"], key["seq"], sweep, device,
                                  policy=changes)}
     except NotImplementedByUser as exc:
         row = {**key, "status": exc.status}
-    except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends only
+    except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends; a user's failing code
         if is_oom(exc):
             row = {**key, "status": "OOM"}
         elif _unavailable(exc):
             row = {**key, "status": "unsupported"}
+        elif key["impl"] in USER:  # the row says why; the others run, and the command exits 1 after the table
+            row = {**key, "status": f"error: {type(exc).__name__}: {' '.join(str(exc).split())}"}
         else:
             raise
     free_memory(device)

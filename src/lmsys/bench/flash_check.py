@@ -172,7 +172,8 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
     """A user's attention on [batch, seq, d] cases: per case the error of O, L (when saved), dQ, dK, dV,
     which tensors are off (shape, max abs and relative error against float64), and whether the saved
     tensors follow CS336's contract (a separate column that does not fail the case). A function that is
-    missing or raises NotImplementedError gives one `not implemented (...)` row."""
+    missing or raises NotImplementedError gives one `not implemented (...)` row; any other error a FAIL
+    row per case naming it."""
     from lmsys.core.imports import NotImplementedByUser
     from lmsys.kernels.registry import resolve
 
@@ -185,13 +186,18 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         key = {"impl": impl, "case": i + 1, "batch": case.lead[0], "n_q": case.n_q, "n_k": case.n_k, "d": case.d,
                "dtype": case.dtype, "causal": case.causal}
+        empty = {**key, **dict.fromkeys(("O err", "L err", "dQ err", "dK err", "dV err")), "tol": TOLERANCE[case.dtype],
+                 "off": None, "CS336 saved L": None}  # a row that ran nothing: the same columns, in order
         try:
             out = fn(q_, k_, v_, case.causal)
             lse, contract = saved_contract(out, q_)
             dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
         except NotImplementedByUser as exc:
-            yield {**key, "result": exc.status}
+            yield {**empty, "result": exc.status}
             return
+        except Exception as exc:  # noqa: BLE001 - the user's code failed on this case: a FAIL row saying how
+            yield {**empty, "off": f"raised {type(exc).__name__}: {' '.join(str(exc).split())}", "result": "FAIL"}
+            continue
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)
         refs = dict(zip(("dQ", "dK", "dV"), torch.autograd.grad(o_ref, (q64, k64, v64), do.double())))
@@ -208,7 +214,9 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
                 diff = (got.detach().to("cpu", torch.float64) - ref.detach()).abs()
                 rel = (diff / ref.detach().abs().clamp_min(1e-6)).max().item()
                 off.append(f"{name} {list(got.shape)}: max abs {diff.max().item():.3g}, max rel {rel:.3g}")
-        ok = not off and out.dtype == dtype
+        off += [f"{name} dtype {str(got.dtype).removeprefix('torch.')}, expected {case.dtype}"
+                for name, got in (("O", out), ("dQ", dq), ("dK", dk), ("dV", dv)) if got.dtype != dtype]
+        ok = not off
         yield {**key, **{f"{n} err": errors.get(n) for n in ("O", "L", "dQ", "dK", "dV")}, "tol": tol,
                "off": "; ".join(off) or "—", "CS336 saved L": contract, "result": "pass" if ok else "FAIL"}
 

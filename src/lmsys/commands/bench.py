@@ -61,6 +61,9 @@ def e2e(
     if attn is not None:
         check_name(attn)
     model = check_model(model) if model else None
+    if attn is not None and model not in (None, "lmsys"):
+        raise LmsysError(f"--attn picks the attention inside lmsys's model; --model {model} runs its own "
+                         "(leave --attn out)")
     kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e
@@ -94,7 +97,7 @@ def e2e(
 
 @app.command("attention")
 def attention(
-    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton, yours-torch, yours-triton (with --adapters), pkg.module:Name or file.py:Name (your attention on [batch, seq, d]: heads are folded into the batch); `list` lists them. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU).")] = None,
+    impl: Annotated[Optional[List[str]], typer.Option("--impl", help="Repeatable (or comma-separated): naive, compiled, sdpa, sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math, flash-torch, flash-triton, yours-torch, yours-triton (with --adapters), pkg.module:Name or file.py:Name (your attention on [batch, seq, d]: heads are folded into the batch); `list` lists them. Default: naive, compiled, flash-triton (naive, flash-torch on a CPU); --adapters adds yours-torch, yours-triton (yours-torch on a CPU).")] = None,
     adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     batch: Annotated[Optional[str], typer.Option("--batch-size", "--batch", help="Batch sizes, comma-separated. Defaults (here and below): the seed's sweep (batch 8, 1 head, d 16,32,64,128, seq 256..16384, fp32, no mask, warmup 10, steps 100) on a GPU or whenever a size option is given; on a CPU without sizes a small one (batch 1, d 16,64, seq 128,256, warmup 1, steps 5).")] = None,
     heads: Annotated[Optional[str], typer.Option(help="Head counts, comma-separated (seed: 1).")] = None,

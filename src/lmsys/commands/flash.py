@@ -14,7 +14,7 @@ app = typer.Typer(help="FlashAttention-2: correctness checks of the PyTorch and 
 
 @app.command("check")
 def check(
-    impl: Annotated[Optional[str], typer.Option(help="flash-torch | flash-triton | yours-torch | yours-triton (with --adapters) | pkg.module:Name or file.py:Name (your autograd.Function or callable (q, k, v, is_causal) on [batch, seq, d]); comma-separate several; `list` lists them. Default: flash-triton on a GPU (or under TRITON_INTERPRET=1), else flash-torch; with --adapters, yours-torch,yours-triton.")] = None,
+    impl: Annotated[Optional[str], typer.Option(help="flash-torch | flash-triton | yours-torch | yours-triton (with --adapters) | pkg.module:Name or file.py:Name (your autograd.Function or callable (q, k, v, is_causal) on [batch, seq, d]); comma-separate several; `list` lists them. Default: flash-triton on a GPU (or under TRITON_INTERPRET=1), else flash-torch; with --adapters, yours-torch,yours-triton (yours-torch alone where flash-triton is not the default).")] = None,
     adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     device: DeviceOpt = "auto",
     cases: Annotated[int, typer.Option(help="Random cases (shapes, dtypes, causality) to run.")] = 12,
@@ -39,7 +39,8 @@ def check(
     from lmsys.bench import flash_check
 
     dev = resolve_device(device)
-    default = "yours-torch,yours-triton" if adapters and impl is None else flash_check.default_impl(dev)
+    builtin = flash_check.default_impl(dev)  # flash-triton where Triton runs (a GPU or its interpreter)
+    default = ("yours-torch,yours-triton" if builtin == "flash-triton" else "yours-torch") if adapters else builtin
     names = [flash_check.check_impl(n, adapters=adapters)
              for n in dict.fromkeys(parse_list(impl or default, str, what="--impl"))]
     for one in names:
@@ -53,7 +54,9 @@ def check(
         drawn = flash_check.random_cases(cases, seed=seed, dtypes=dtypes, max_len=length, impl=one, three_d=user)
         run = (flash_check.run_user_check(one, drawn, device=dev, seed=seed, adapters=adapters) if user
                else flash_check.run_check(one, drawn, device=dev, seed=seed))
-        rows += track(run, total=len(drawn), description=f"flash check {one}")
+        named = len(names) > 1  # several: every row says whose it is (a user's rows always do)
+        rows += [{"impl": one, **row} if named else row
+                 for row in track(run, total=len(drawn), description=f"flash check {one}")]
     meta = environment(dev)
     meta["run"] = f"impl {name}, {cases} cases, seed {seed}, reference float64 on the CPU"
     skipped = sum(r["result"].startswith("not implemented") for r in rows)

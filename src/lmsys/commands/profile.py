@@ -117,6 +117,9 @@ def nsys(
         raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
     if engine == "torch" and nsys_args:
         raise LmsysError("--nsys-args applies to --engine nsys; --engine torch runs torch.profiler")
+    if annotate_attention and model not in (None, "lmsys"):
+        raise LmsysError(f"--annotate-attention swaps the attention inside lmsys's model; --model {model} runs "
+                         "its own")
     if command:
         return _nsys_app(list(command), engine=engine, out_dir=out_dir, trace=trace, extra=extra,
                          range_name=range_name, top=top, format=format, output=output)

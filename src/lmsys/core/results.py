@@ -171,23 +171,25 @@ def to_json(report: Report) -> str:
 
 def print_rich(report: Report, file=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     out = file or sys.stdout
     # On a terminal, Rich fits its width; into a pipe or file, keep rows on one line for pasting.
     console = Console(file=out, width=None if out.isatty() else 250)
     for key, value in report.meta.items():
-        console.print(f"[dim]{key}:[/dim] {_fmt(value)}", highlight=False, soft_wrap=True)
+        console.print(f"[dim]{key}:[/dim] {escape(_fmt(value))}", highlight=False, soft_wrap=True)
     table = Table(title=report.title, title_justify="left", header_style="bold")
     cols = report.columns
     for c in cols:
         numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) for r in report.rows)
         table.add_column(c, justify="right" if numeric else "left", no_wrap=numeric)
     for row in report.rows:
-        table.add_row(*(_fmt(row.get(c)) for c in cols))
+        table.add_row(*(Text(_fmt(row.get(c))) for c in cols))  # cells are text, not Rich markup: "[hf]" stays
     console.print(table)
     for note in report.notes:
-        console.print(note, highlight=False, soft_wrap=True)
+        console.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
 _RENDERERS = {"md": to_markdown, "csv": to_csv, "json": to_json}

@@ -160,7 +160,7 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
         help = REGISTRY[name].help if name in REGISTRY else "your wrapper, Class(module[, bucket_size_mb])"
         notes.append(f"{name}: {help}.")
     if baseline:
-        notes.append("A row FAILs (exit 1) when its parity passes the tolerance for its dtype (fp32: 1e-4; "
+        notes.append("A row FAILs (exit 1) when its parity exceeds the tolerance for its dtype (fp32: 1e-4; "
                      "bf16/fp16 autocast or bf16 gradients: 2·lr·steps) or, for strategies holding whole "
                      "gradients, when its gradients after the first backward differ from one process's by more "
                      "than 1e-4 (fp32) or 5e-2 (otherwise) of their largest magnitude; the status names the "

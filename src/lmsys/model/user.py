@@ -116,6 +116,8 @@ def _hf_model(name: str, config, kwargs: dict):
         raise LmsysError(f"--model {name} needs transformers: {HF_EXTRA}") from None
     cfg_cls, model_cls, keys = HF_MODELS[name]
     values = {hf: getattr(config, mine) for mine, hf in keys.items() if getattr(config, mine) is not None}
+    if "num_kv_heads" in keys and config.num_kv_heads is None:  # lmsys: as many as query heads; Qwen2Config
+        values[keys["num_kv_heads"]] = config.num_heads       # defaults to 32 of them, MistralConfig to 8
     values.update(kwargs)
     hf_config = getattr(transformers, cfg_cls)(**values)
     return getattr(transformers, model_cls)(hf_config)

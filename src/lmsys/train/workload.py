@@ -63,7 +63,9 @@ class Workload:
         return self.batch_size * self.seq_len
 
     def describe(self) -> str:
-        parts = [f"attention {self.config.attn_impl}"]
+        from lmsys.model.user import is_user_model
+
+        parts = [] if is_user_model(self.config) else [f"attention {self.config.attn_impl}"]  # a --model's own
         if self.compile != "none":
             parts.append(f"compile {self.compile}" + (" + CUDA graphs" if self.cuda_graphs else ""))
         parts.append("bf16 weights + fp32 master AdamW" if self.master_weights else
