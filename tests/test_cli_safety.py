@@ -387,8 +387,28 @@ def test_ddp_scaling_is_left_empty_when_ranks_outnumber_cores(lmsys, monkeypatch
     (["profile", "nsys", "--engine", "torch", "--nsys-args", "--foo", "--device", "cpu"],
      "error: --nsys-args applies to --engine nsys; --engine torch runs torch.profiler"),
     (["ddp", "train", "--strategy", "fsdp", "--shard-optimizer"],
-     "error: --shard-optimizer applies to the DDP strategies (naive, flat, overlap, bucketed, torch-ddp); "
-     "the strategies asked for shard in their own way or not at all"),
+     "error: --shard-optimizer applies to the DDP strategies (naive, flat, overlap, bucketed, torch-ddp, yours, "
+     "yours-bucketed, or your DDP-style pkg.module:Class), not to --strategy fsdp, which shards its own way or "
+     "brings its own optimizer"),
 ])
 def test_what_would_be_ignored_is_one_line(lmsys, no_torchrun, args, message):
     assert one_line(lmsys(*args)) == message
+
+
+@pytest.mark.parametrize("line,message", [
+    ("attn_impl: bogus", "attn_impl must be one of naive, compiled,"),
+    ("attn_impl: yours-torch", "attn_impl yours-torch is your adapters' attention"),
+    ("model: hf:nope", "model must be lmsys,"),
+    ("d_model: x", "d_model must be a positive integer, got 'x'"),
+])
+@pytest.mark.parametrize("command", [["bench", "e2e", "--device", "cpu"], ["ddp", "train", "--backend", "gloo"],
+                                     ["profile", "nsys", "--engine", "torch", "--device", "cpu"]])
+def test_a_bad_value_in_a_model_yaml_is_refused_naming_file_and_key(lmsys, no_torchrun, tmp_path, monkeypatch,
+                                                                     command, line, message):
+    """Unknown values in YAML are refused like on the command line: one line naming the file and the key,
+    before any work (no torchrun, no output folder)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.yaml").write_text(f"preset: tiny\n{line}\n")
+    got = one_line(lmsys(*command, "--size", "m.yaml"))
+    assert got.startswith(f"error: m.yaml: {message}"), got
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]

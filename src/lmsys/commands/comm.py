@@ -31,7 +31,7 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     check_render_options(format, output, device=device, dtype=dtype)
     check_counts(warmup=(warmup, 0), steps=(iters, 1))
     labels = parse_list(sizes, str, what="--sizes")
-    nbytes = [parse_bytes(label) for label in labels]
+    nbytes = [parse_bytes(label, what="--sizes") for label in labels]
     check_message_sizes(labels, nbytes, dtype)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     if collective == "send-recv" and (odd := [n for n in requested or (2,) if n % 2]):

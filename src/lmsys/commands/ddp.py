@@ -59,8 +59,10 @@ def train(
                       sm_carveout=sm_carveout, adapters=adapters)
     ctas = set_nccl_ctas(nccl_ctas)
     if shard_optimizer and not any(shardable(r.strategy) for r in runs):
-        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}); "
-                         "the strategies asked for shard in their own way or not at all")
+        asked = ", ".join(dict.fromkeys(r.strategy for r in runs))
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}, or your "
+                         f"DDP-style pkg.module:Class), not to --strategy {asked}, which shards its own way "
+                         "or brings its own optimizer")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch

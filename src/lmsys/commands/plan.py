@@ -41,10 +41,9 @@ def train(
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
     check_counts(top=(top, 1))
-    if gpus is not None:
-        check_counts(gpus=(gpus, 1))
-    if gpus_per_node is not None:
-        check_counts(gpus_per_node=(gpus_per_node, 1))
+    given = dict(gpus=gpus, gpus_per_node=gpus_per_node, context_length=context_length, global_batch=global_batch,
+                 global_batch_tokens=global_batch_tokens)
+    check_counts(**{name: (value, 1) for name, value in given.items() if value is not None})
 
     from lmsys.plan.train import plan_train
 
