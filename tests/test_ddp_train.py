@@ -148,7 +148,7 @@ def test_no_baseline(lmsys):
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert [row["strategy"] for row in doc["rows"]] == ["flat"]
-    assert doc["rows"][0]["parity max|Δθ|"] is None and "--no-baseline" in " ".join(doc["notes"])
+    assert doc["rows"][0]["parity max|Δθ|"] is None and "--no-single-process" in " ".join(doc["notes"])
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from lmsys.core import progress
 from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import synchronize
@@ -43,6 +44,7 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
     total = warmup + steps
     references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
     rows, notes = [], []
+    progress.plan_rows(len(meshes) * len(impls))
     for text in meshes:
         spec = parse_mesh(text)
         global_batch = batch_size * spec.dp
@@ -52,6 +54,7 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
                                                      seed=seed)
         barrier(ctx)
         for impl in impls:
+            progress.start_row(f"{text} {impl}")
             row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
                            sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                            virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
@@ -108,6 +111,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
     wall, busy, acts, losses = [], [], [], []
+    progress.plan_steps(total)
     for i in range(total):
         inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
         optimizer.zero_grad(set_to_none=True)
@@ -117,6 +121,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         optimizer.step()
         synchronize(ctx.device)
         losses.append(None if res.loss is None else float(res.loss))
+        progress.step()
         if i >= warmup:
             wall.append(time.perf_counter() - t0)
             busy.append(res.busy_s)

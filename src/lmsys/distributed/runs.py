@@ -166,5 +166,5 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
                      "than 1e-4 (fp32) or 5e-2 (otherwise) of their largest magnitude; the status names the "
                      "worst parameter.")
     if not baseline:
-        notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
+        notes.append("--no-single-process: no one-process rows, so scaling eff % and parity are empty.")
     return notes
