@@ -274,7 +274,7 @@ def test_ddp_world_size_takes_a_list(lmsys, monkeypatch):
 
     calls = []
 
-    def fake(target, kwargs, *, world_size, backend):
+    def fake(target, kwargs, *, world_size, backend, description):
         calls.append(world_size)
         return {"meta": {}, "rows": [{"strategy": "naive", "ms/step": 1.0}]}
 

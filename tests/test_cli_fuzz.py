@@ -1,6 +1,7 @@
 """A seeded fuzz of every command's options, valid and invalid values mixed: the exit code is 0, 1 or 2
 and nothing prints a traceback. In-process (CliRunner-like, through main()), tiny sizes, one step;
-commands that would start torchrun only get option mixes that fail before it starts or run 1 rank."""
+commands that would start torchrun only get option mixes that fail before it starts or run 1 rank.
+`plan train` gets no --gpu (so most draws stop at "give the GPU"); `plan validate` no --profile."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ VALUES = {
     "--strategy": ["naive", "bogus"],
     "--top": ["1", "0", "-1"],
     "--engine": ["torch", "nsys", "bogus"],
-    "-o": ["/proc/x.md", "/etc/hostname/o.md", "/"],
+    "--gpus": ["1", "8", "0", "-1"],
+    "-o": ["/proc/x.md", "/etc/hostname/o.md", "/", "out.json", "out.csv"],
 }
 
 COMMANDS = {
@@ -46,11 +48,16 @@ COMMANDS = {
                             "--backend", "-o"],
     ("ddp", "train"): ["--format", "--device", "--dtype", "--steps", "--warmup", "--batch-size", "--world-size",
                        "--backend", "--strategy", "--size", "-o"],
+    ("parallel", "train"): ["--format", "--dtype", "--steps", "--warmup", "--batch-size", "--size", "--backend", "-o"],
+    ("plan", "train"): ["--format", "--dtype", "--size", "--context-length", "--top", "--gpus", "-o"],
+    ("plan", "calibrate"): ["--format", "--device", "--steps", "--warmup", "--batch-size", "--size", "-o"],
+    ("plan", "validate"): ["--format", "--device", "--steps", "--batch-size", "-o"],
+    ("list",): ["--format", "-o"],
 }
 # Values that keep a valid run tiny: one step, small shapes.
 SMALL = {"--steps": "1", "--warmup": "0", "--batch-size": "1", "--context-length": "16", "--size": "tiny",
          "--cases": "1", "--max-len": "8", "--d-head": "16", "--sizes": "4KB", "--device": "cpu"}
-DISTRIBUTED = {("comm", "allreduce"), ("ddp", "train")}
+DISTRIBUTED = {("comm", "allreduce"), ("ddp", "train"), ("parallel", "train")}
 
 
 def draws(seed: int, n: int):

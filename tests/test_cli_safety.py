@@ -387,8 +387,174 @@ def test_ddp_scaling_is_left_empty_when_ranks_outnumber_cores(lmsys, monkeypatch
     (["profile", "nsys", "--engine", "torch", "--nsys-args", "--foo", "--device", "cpu"],
      "error: --nsys-args applies to --engine nsys; --engine torch runs torch.profiler"),
     (["ddp", "train", "--strategy", "fsdp", "--shard-optimizer"],
-     "error: --shard-optimizer applies to the DDP strategies (naive, flat, overlap, bucketed, torch-ddp); "
-     "the strategies asked for shard in their own way or not at all"),
+     "error: --shard-optimizer applies to the DDP strategies (naive, flat, overlap, bucketed, torch-ddp, yours, "
+     "yours-bucketed, or your DDP-style pkg.module:Class), not to --strategy fsdp, which shards its own way or "
+     "brings its own optimizer"),
 ])
 def test_what_would_be_ignored_is_one_line(lmsys, no_torchrun, args, message):
     assert one_line(lmsys(*args)) == message
+
+
+@pytest.mark.parametrize("line,message", [
+    ("attn_impl: bogus", "attn_impl must be one of naive, compiled,"),
+    ("attn_impl: yours-torch", "attn_impl yours-torch is your adapters' attention"),
+    ("model: hf:nope", "model must be lmsys,"),
+    ("d_model: x", "d_model must be a positive integer, got 'x'"),
+])
+@pytest.mark.parametrize("command", [["bench", "e2e", "--device", "cpu"], ["ddp", "train", "--backend", "gloo"],
+                                     ["profile", "nsys", "--engine", "torch", "--device", "cpu"]])
+def test_a_bad_value_in_a_model_yaml_is_refused_naming_file_and_key(lmsys, no_torchrun, tmp_path, monkeypatch,
+                                                                     command, line, message):
+    """Unknown values in YAML are refused like on the command line: one line naming the file and the key,
+    before any work (no torchrun, no output folder)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.yaml").write_text(f"preset: tiny\n{line}\n")
+    got = one_line(lmsys(*command, "--size", "m.yaml"))
+    assert got.startswith(f"error: m.yaml: {message}"), got
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]
+
+
+# ------------------------------------------------------------------------ 5. progress on long work
+
+
+def on_a_terminal(*args: str, timeout: float = 300) -> tuple[int, str, str]:
+    """Run `python -m lmsys ARGS` with stderr on a pseudo-terminal and stdout on a pipe: (exit code,
+    what the terminal showed, stdout)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=SRC, TERM="xterm", COLUMNS="120")
+    env.pop("LMSYS_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "lmsys", *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    shown = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer has closed the terminal
+                    break
+                if not data:
+                    break
+                shown += data
+            elif proc.poll() is not None:
+                break
+        out = proc.stdout.read().decode()
+        code = proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+        os.close(master)
+    return code, shown.decode(errors="replace"), out
+
+
+E2E = ("bench", "e2e", "--device", "cpu", "--size", "tiny", "--context-length", "32", "--batch-size", "2",
+       "--warmup", "2", "--steps", "40", "--mode", "fwd-bwd", "--checkpoint", "none,block")
+
+
+def test_progress_is_drawn_on_a_terminal_and_nothing_reaches_stdout():
+    code, shown, out = on_a_terminal(*E2E)
+    assert code == 0, shown
+    assert "bench e2e: rows" in shown and "fwd-bwd steps" in shown and "/42" in shown  # 2 warm-up + 40 timed
+    assert "0/2" in shown  # rows done of rows planned (one per checkpoint policy)
+    assert "bench e2e" in out and "\x1b" not in out  # the table, and no control codes on stdout
+
+
+def test_no_progress_when_piped_or_quiet():
+    r = cli(*E2E)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    code, shown, out = on_a_terminal(*E2E, "--quiet")
+    assert code == 0 and "steps" not in shown and "rows" not in shown, shown
+    assert "ms/step" in out
+
+
+def test_a_multi_process_run_relays_rank_0s_progress_to_the_terminal(tmp_path):
+    code, shown, out = on_a_terminal("comm", "allreduce", "--backend", "gloo", "--world-size", "2",
+                                     "--sizes", "4KB,8KB", "--iters", "400", "--format", "csv")
+    assert code == 0, shown
+    assert "comm all-reduce, world size 2" in shown and "rounds" in shown and "/405" in shown, shown
+    assert out.count("4KB") == 1 and "\x1b" not in out
+
+
+# ------------------------------------------------------------------------ 4. one vocabulary
+
+
+def _commands():
+    from typer.main import get_command
+
+    from lmsys.cli import app
+
+    def walk(cmd, path):
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield path, cmd
+
+    yield from walk(get_command(app), ())
+
+
+def test_the_same_aliases_work_everywhere_they_apply():
+    """--seq-len, --batch and --iters wherever --context-length, --batch-size and --steps count steps."""
+    aliases = {"--context-length": "--seq-len", "--batch-size": "--batch", "--steps": "--iters"}
+    checked = 0
+    for path, cmd in _commands():
+        for param in cmd.params:
+            for name, alias in aliases.items():
+                if name in param.opts and path != ("precision",):  # precision's --steps counts additions
+                    assert alias in param.opts, (path, name)
+                    checked += 1
+    assert checked >= 20
+
+
+def test_impl_names_the_attention_everywhere_and_attn_stays_an_alias(lmsys):
+    for path, cmd in _commands():
+        assert not any("--attn" in p.opts and "--impl" not in p.opts for p in cmd.params), path
+    for spelling in ("--impl", "--attn"):
+        assert "attention implementation must be one of" in one_line(lmsys("bench", "e2e", spelling, "bogus"))
+
+
+@pytest.mark.parametrize("alias,name", [("allgather", "all-gather"), ("reducescatter", "reduce-scatter"),
+                                        ("all-reduce", "allreduce"), ("sendrecv", "send-recv")])
+def test_comm_accepts_both_spellings(lmsys, no_torchrun, alias, name):
+    for spelling in (alias, name):
+        assert "--world-size" in one_line(  # the command ran its own checks: the spelling was accepted
+            lmsys("comm", spelling, "--backend", "gloo", "--world-size", "1", "--sizes", "4KB"))
+
+
+def test_bare_loop_and_single_process_say_what_they_are_and_the_old_names_stay(lmsys, monkeypatch):
+    import lmsys.commands.comm as comm_cmd
+    import lmsys.commands.ddp as ddp_cmd
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+    monkeypatch.setattr(comm_cmd, "run_on_ranks", lambda target, kwargs, **kw: seen.append(kwargs["baseline"]) or
+                        {"rows": [], "meta": {}})
+    monkeypatch.setattr(ddp_cmd, "run_on_ranks", lambda target, kwargs, **kw: seen.append(kwargs["baseline"]) or
+                        {"rows": [], "meta": {}})
+    comm = ("comm", "allreduce", "--backend", "gloo", "--world-size", "2", "--sizes", "4KB")
+    ddp = ("ddp", "train", "--backend", "gloo", "--world-size", "2", "--strategy", "naive")
+    for args in ((*comm,), (*comm, "--bare-loop"), (*comm, "--baseline"), (*ddp,), (*ddp, "--no-single-process"),
+                 (*ddp, "--no-baseline"), (*ddp, "--single-process")):
+        assert lmsys(*args).code == 0
+    assert seen == [False, True, True, True, False, False, True]
+    from typer.main import get_command
+
+    from lmsys.cli import app
+
+    helps = {opt: param.hidden for path, cmd in _commands() if path[:1] in (("comm",), ("ddp",))
+             for param in cmd.params for opt in param.opts if opt in ("--baseline", "--bare-loop", "--single-process")}
+    assert helps == {"--baseline": True, "--bare-loop": False, "--single-process": False}
+    assert get_command(app)  # the app builds with the hidden options
+
+
+@pytest.mark.parametrize("suffix,start", [(".json", "[\n  {\n    \"title\": \"autocast"), (".csv", "# device"), (".md", "### autocast")])
+def test_format_is_inferred_from_the_output_extension(lmsys, tmp_path, suffix, start):
+    out = tmp_path / f"r{suffix}"
+    r = lmsys(*PRECISION, "-o", str(out))
+    assert r.code == 0, r.err
+    assert out.read_text().startswith(start) and "accumulating 0.01" in r.out  # a table on stdout

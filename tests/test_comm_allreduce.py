@@ -64,8 +64,8 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
     (["--backend", "mpi"], "--backend must be one of gloo, nccl"),
-    (["--sizes", "1XB"], "cannot parse size '1XB'"),
-    (["--sizes", "0MB"], "must be positive"),
+    (["--sizes", "1XB"], "--sizes: cannot parse '1XB'"),
+    (["--sizes", "0MB"], "--sizes must be >= 1 byte, got '0MB'"),
     (["--world-size", "two"], "--world-size: cannot parse 'two'"),
     (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),

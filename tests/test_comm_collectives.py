@@ -238,7 +238,7 @@ def test_send_recv_is_listed_and_refuses_an_odd_world_before_launch(lmsys):
 @pytest.mark.parametrize("command", ["all-gather", "reduce-scatter", "broadcast", "send-recv"])
 @pytest.mark.parametrize("args, message", [
     (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
-    (["--sizes", "1XB"], "cannot parse size '1XB'"),
+    (["--sizes", "1XB"], "--sizes: cannot parse '1XB'"),
     (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),

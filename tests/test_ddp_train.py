@@ -66,7 +66,7 @@ def test_sharded_optimizer_row(lmsys):
     (["--steps", "0"], "--steps must be >= 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
-    (["--context-length", "0"], "--context-length must be positive, got 0"),
+    (["--context-length", "0"], "--context-length must be >= 1, got 0"),
 ])
 def test_bad_input_exits_2_with_one_line(lmsys, args, message):
     r = lmsys("ddp", "train", *args)
@@ -148,7 +148,7 @@ def test_no_baseline(lmsys):
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert [row["strategy"] for row in doc["rows"]] == ["flat"]
-    assert doc["rows"][0]["parity max|Δθ|"] is None and "--no-baseline" in " ".join(doc["notes"])
+    assert doc["rows"][0]["parity max|Δθ|"] is None and "--no-single-process" in " ".join(doc["notes"])
 
 
 @pytest.mark.slow

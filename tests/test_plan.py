@@ -302,7 +302,7 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--size", "bogus"), "unknown model 'bogus'"), (("--context-length", "0"), "seq must be a positive integer"),
+    (("--size", "bogus"), "unknown model 'bogus'"), (("--context-length", "0"), "--context-length must be >= 1, got 0"),
     (("--top", "0"), "--top must be >= 1"), (("--dtype", "fp8"), "--dtype must be one of"),
     (("--global-batch-tokens", "1000"), "not a whole number of 512-token sequences"),
     (("--mesh", "dp=2"), "do not divide the 1 GPUs"), ((), None),

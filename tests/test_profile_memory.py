@@ -139,6 +139,38 @@ def test_snapshot_option_renders_offline(lmsys, tmp_path):
     assert (tmp_path / "snap.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_an_interrupted_png_or_pickle_leaves_nothing_at_the_final_path(lmsys, monkeypatch, tmp_path):
+    """The timeline PNG and the snapshot pickle are written under a temporary name and renamed when
+    complete: an interrupt midway leaves neither a partial file nor the temporary one."""
+    from matplotlib.figure import Figure
+
+    from lmsys.core.errors import Interrupted
+
+    def half_then_signal(self, path, **kw):
+        Path(path).write_bytes(PNG_MAGIC)
+        raise Interrupted(2)
+
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(one_step_snapshot()))
+    out = tmp_path / "out"
+    monkeypatch.setattr(Figure, "savefig", half_then_signal)
+    r = lmsys("profile", "memory", "--snapshot", str(path), "--out-dir", str(out))
+    assert r.code == 130 and "interrupted" in r.err, r.err
+    assert list(out.iterdir()) == []
+
+    def dump_half(obj, f):
+        f.write(b"\x80\x04partial")
+        raise Interrupted(15)
+
+    monkeypatch.setattr(capture.pickle, "dump", dump_half)
+    with pytest.raises(Interrupted):
+        capture.write_snapshot({"segments": []}, out / "run.pickle")
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    capture.write_snapshot({"segments": []}, out / "run.pickle")
+    assert pickle.loads((out / "run.pickle").read_bytes()) == {"segments": []}
+
+
 def test_snapshot_errors_are_exit_2(lmsys, tmp_path):
     assert lmsys("profile", "memory", "--snapshot", str(tmp_path / "missing.pickle")).code == 2
     (tmp_path / "junk.pickle").write_bytes(b"not a pickle")

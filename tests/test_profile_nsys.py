@@ -420,3 +420,54 @@ def test_shares_against_a_hand_built_trace():
     assert split["mask + softmax"]["time ms"] == pytest.approx(5)
     # 4 calls of the QKᵀ matmul, 2·B·H·S²·d FLOPs each = 2·1·2·64·4 = 1024
     assert split["QKᵀ matmul (+ scale)"]["GFLOP"] == pytest.approx(4 * 1024 / 1e9)
+
+
+# ---------------------------------------------------------------- interrupted: nothing at the final path
+
+
+def test_an_interrupted_nsys_run_leaves_nothing_at_the_final_path(fake_nsys, monkeypatch, tmp_path):
+    """nsys writes under a hidden temporary name; SIGINT while it runs: exit 130, no report (partial or
+    not) at the final name, no temporary file left, and an older complete report untouched."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    old = out / "nsys_true.nsys-rep"
+    old.write_bytes(b"an older complete report")
+    monkeypatch.setenv("FAKE_NSYS_MODE", "hang")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "lmsys", "profile", "nsys", "--out-dir", str(out), "--", "true"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".nsys_true.tmp-*.nsys-rep")):  # nsys is writing its report
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert old.read_bytes() == b"an older complete report"
+    assert sorted(p.name for p in out.iterdir()) == ["nsys_true.log", "nsys_true.nsys-rep"]
+
+
+def test_an_interrupted_torch_engine_run_leaves_no_partial_trace(lmsys, monkeypatch, tmp_path):
+    """The issue's row: an interrupted `profile nsys --engine torch` left a valid-looking partial trace at
+    the normal path. The interrupt lands while the trace is being written: exit 130, nothing at the path."""
+    from torch.profiler import profile
+
+    from lmsys.core.errors import Interrupted
+
+    def export(self, path):
+        Path(path).write_text('{"traceEvents": [')  # half a trace, then the signal
+        raise Interrupted(2)
+
+    monkeypatch.setattr(profile, "export_chrome_trace", export)
+    out = tmp_path / "out"
+    r = lmsys("profile", "nsys", "--engine", "torch", "--device", "cpu", "--size", "tiny", "--context-length", "16",
+              "--batch-size", "1", "--warmup", "0", "--steps", "1", "--out-dir", str(out))
+    assert r.code == 130 and "interrupted" in r.err, r.err
+    assert list(out.iterdir()) == []

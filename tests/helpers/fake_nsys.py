@@ -3,7 +3,8 @@
   profile --help: lists the options of an nsys without --cpuctxsw.
   profile: records its argv, runs a `--` application (except lmsys's own target, whose result file it
            writes as a finished run would), then writes OUTPUT.nsys-rep, or only OUTPUT.qdstrm
-           (FAKE_NSYS_MODE=qdstrm, printing FAKE_NSYS_QDSTRM_TEXT's content as the importer's error).
+           (FAKE_NSYS_MODE=qdstrm, printing FAKE_NSYS_QDSTRM_TEXT's content as the importer's error), or,
+           with FAKE_NSYS_MODE=hang, half an OUTPUT.nsys-rep and then waits (to be interrupted).
   stats:   copies FAKE_NSYS_FIXTURES/<report>.csv to BASE_<report>.csv, as `nsys stats --output BASE`
            names its files; a report without a fixture is SKIPPED, as nsys does for empty reports.
 """
@@ -46,6 +47,12 @@ def main(args):
             rc = 0
         else:
             rc = subprocess.run(app).returncode
+        if os.environ.get("FAKE_NSYS_MODE") == "hang":
+            Path(output + ".nsys-rep").write_bytes(b"NSYS-REP, partial")
+            import time
+
+            time.sleep(120)
+            return 1
         if os.environ.get("FAKE_NSYS_MODE") == "qdstrm":
             Path(output + ".qdstrm").write_bytes(b"QDSTRM")
             text_file = os.environ.get("FAKE_NSYS_QDSTRM_TEXT")

@@ -203,12 +203,13 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         resolve(check_name(name, adapters=adapters), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
-    if sweep.warmup < 0 or sweep.steps < 1:
-        raise LmsysError("--warmup must be >= 0 and --steps >= 1")
-    for what, values in (("--batch", sweep.batch), ("--heads", sweep.heads), ("--d-head", sweep.d_head),
-                         ("--seq-len", sweep.seq_len)):
+    for what, value, minimum in (("--warmup", sweep.warmup, 0), ("--steps", sweep.steps, 1)):
+        if value < minimum:
+            raise LmsysError(f"{what} must be >= {minimum}, got {value}")
+    for what, values in (("--batch-size", sweep.batch), ("--heads", sweep.heads), ("--d-head", sweep.d_head),
+                         ("--context-length", sweep.seq_len)):
         if min(values) < 1:
-            raise LmsysError(f"{what}: sizes must be positive, got {_list(values)}")
+            raise LmsysError(f"{what} must be >= 1, got {min(values)}")
     if kv_heads is not None:
         bad = [h for h in sweep.heads if kv_heads < 1 or h % kv_heads]
         if bad:

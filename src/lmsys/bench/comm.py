@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from lmsys.core import progress
 from lmsys.core.devices import environment, torch_dtype
 from lmsys.core.errors import LmsysError
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -175,7 +176,9 @@ def collective_job(ctx: RankContext, *, collective: str, sizes: list[int], label
     if collective == "send-recv" and ctx.world_size % 2:
         raise LmsysError(f"send-recv pairs ranks 0-1, 2-3, ...: the world size must be even, got {ctx.world_size}")
     rows = []
+    progress.plan_rows(len(sizes))
     for nbytes, label in zip(sizes, labels):
+        progress.start_row(f"{collective} {label}")
         rows += measure_collective(ctx, collective, nbytes=nbytes, label=label, dtype=dtype, warmup=warmup,
                                    iters=iters, baseline=baseline)
     meta = environment(ctx.device)
@@ -211,9 +214,11 @@ def measure_collective(ctx: RankContext, collective: str, *, nbytes: int, label:
     op = OPS[op_name]
 
     bufs.inp.zero_()  # timed rounds move zeros: the values stay finite however many rounds run
+    progress.plan_steps(warmup + iters, "rounds")
     for _ in range(warmup):
         barrier(ctx)
         op(bufs)
+        progress.step()
     timer = RegionTimer(ctx.device)
     flag = torch.zeros(1, dtype=torch.float32, device=ctx.device)
     for _ in range(iters):
@@ -224,6 +229,7 @@ def measure_collective(ctx: RankContext, collective: str, *, nbytes: int, label:
         dist.all_reduce(flag)
         with timer.region("op"):
             op(bufs)
+        progress.step()
     stats = max_over_ranks(ctx, timer.samples("op"))
     rows = [_row(ctx, collective, label, nbytes, dtype, "per-round", stats.median, stats.mean, correct, op_name)]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
+from lmsys.core import progress
 from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu
@@ -230,8 +231,10 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
         inputs, targets = random_batch(workload, device)
         peak = peak_tflops(device, workload.dtype, tf32=workload.tf32)
         for mode in modes:
+            progress.plan_steps(warmup + steps, f"{mode} steps")
             for _ in range(warmup):
                 run_step(step, inputs, targets, mode=mode)
+                progress.step()
             synchronize(device)
             timer = RegionTimer(device)
             peaks = {"fwd": None, "step": None}
@@ -244,6 +247,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                                      before=lambda: reset_peak_memory(device),
                                      after_forward=lambda: record("fwd"))
                 record("step")
+                progress.step()
             peak_fwd, peak_step = peaks["fwd"], peaks["step"]
             stats = timer.stats()
             step_ms = stats["step"].mean

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Iterable, Iterator, Optional, TypeVar
 
@@ -12,18 +11,26 @@ T = TypeVar("T")
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu (auto: cuda when a GPU is visible).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")]
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
+FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help=(
+    "table | md | csv | json. Default: a table on stdout; with --output, the file's extension picks its format "
+    "(.json, .csv, else md)."))]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help=(
+    "No progress display (it is drawn on stderr only when stderr is a terminal, never on stdout)."))]
 OutputOpt = Annotated[
     Optional[Path],
     typer.Option("--output", "-o", help="Also write the results to FILE (format from --format, else the extension)."),
 ]
 
 
-def check_render_options(fmt: str, output: Optional[Path], *, device: Optional[str] = None,
-                         dtype: Optional[str] = None) -> None:
+def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: Optional[str] = None,
+                         dtype: Optional[str] = None, quiet: bool = False) -> None:
     """Validate --format/--output (and --device/--dtype when given) before any work starts and before
-    torch is imported: a typo answers in a fraction of a second. Call it first in a command."""
+    torch is imported: a typo answers in a fraction of a second. Call it first in a command. `quiet`:
+    --quiet, no progress display for this command."""
+    from lmsys.core import progress
     from lmsys.core.devices import DEVICE_CHOICES, DTYPE_CHOICES
+
+    progress.set_quiet(quiet)
     from lmsys.core.parsing import choose
     from lmsys.core.files import check_output_path
     from lmsys.core.results import check_format
@@ -55,19 +62,22 @@ def check_one_size(size: Optional[str], *, command: str, why: str) -> None:
                          "run it once per size")
 
 
-def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str):
-    """`lmsys.distributed.launch.run`; a failed rank ends the command with its error on one line and
-    exit code 1 (a crash, not a user error). None on torchrun workers other than rank 0."""
+def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, description: str = "run"):
+    """`lmsys.distributed.launch.run`, under a progress display that shows rank 0's rows and steps; a
+    failed rank ends the command with its error on one line and exit code 1 (a crash, not a user error).
+    None on torchrun workers other than rank 0."""
+    from lmsys.core import progress
     from lmsys.distributed import launch
 
     try:
-        return launch.run(target, kwargs, world_size=world_size, backend=backend)
+        with progress.display(f"{description}, world size {world_size}"):
+            return launch.run(target, kwargs, world_size=world_size, backend=backend)
     except launch.RankFailedError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
 
 
-def emit(reports, fmt: str, output: Optional[Path]) -> None:
+def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
     """Render one Report or a list of them; with --output, say where the file went. A row whose status
     is an error (not an OOM or `unsupported`: those are results) makes the run a failure: one line after
     the table, exit 1."""
@@ -106,16 +116,8 @@ def require_triton(what: str) -> None:
 
 
 def track(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
-    """A progress bar on stderr while a sweep runs (silent when stderr is not a terminal)."""
-    if not sys.stderr.isatty():
-        yield from items
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A progress display on stderr while a sweep runs: rows done of `total`, the steps of the row that
+    runs (silent when stderr is not a terminal, or with --quiet)."""
+    from lmsys.core import progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(description, total=total)
-        for item in items:
-            yield item
-            progress.advance(task)
+    yield from progress.rows(items, total=total, description=description)

@@ -7,7 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from lmsys.kernels.registry import NAMES as ATTENTION_NAMES
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
+from lmsys.commands._common import (QuietOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
                                     check_render_options, emit, require_triton, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
@@ -27,7 +27,7 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
-    attn: Annotated[Optional[str], typer.Option(help="Attention: " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
+    attn: Annotated[Optional[str], typer.Option("--impl", "--attn", help="Attention implementation (--attn: the former name): " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
     compile_blocks: Annotated[bool, typer.Option("--compile-blocks", metavar="", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", metavar="", help="CUDA graphs through torch.compile's reduce-overhead mode.")] = False,
@@ -44,7 +44,8 @@ def e2e(
     model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
     compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
     device: DeviceOpt = "auto",
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Time forward, backward and optimizer of a Transformer LM training step (mean ± std, MFU, memory)."""
@@ -54,7 +55,7 @@ def e2e(
     from lmsys.model.user import check_model, parse_model_kwargs
 
     list_if_asked(model=model)
-    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
@@ -112,7 +113,8 @@ def attention(
     policy: Annotated[Optional[List[str]], typer.Option("--policy", metavar="FIELD=VALUE[,...]", help="Repeatable: flash-triton runs once more per option, under lmsys.kernels.flash_triton.Policy with these fields changed (e.g. tma=true, persistent=true, deterministic=false,tma_backward=false, pick=0; booleans true/false, none where the field allows it); rows then carry a policy column, the default policy first.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw fwd+bwd ms against seq into this PNG (matplotlib).")] = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Time attention implementations forward and backward over head dims × sequence lengths (ms, TFLOP/s, memory)."""
@@ -121,7 +123,7 @@ def attention(
 
     list_if_asked(impl=impl)
 
-    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
     check_output_path(plot, what="--plot")
     from lmsys.bench import attention  # torch-free until it runs
 

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import DtypeOpt, FormatOpt, OutputOpt, check_counts, check_render_options, emit, run_on_ranks
+from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, QuietOpt, check_counts, check_render_options, emit,
+                                    run_on_ranks)
 
 app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter, broadcast and send-recv bandwidth over gloo or NCCL.",
                   no_args_is_help=True)
@@ -16,22 +17,23 @@ WorldSizeOpt = Annotated[Optional[str], typer.Option(help="Process counts, comma
 SizesOpt = Annotated[str, typer.Option(help="Message sizes (the full buffer), comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20; a whole number of --dtype elements.")]
 WarmupOpt = Annotated[int, typer.Option(help="Untimed rounds per size.")]
 StepsOpt = Annotated[int, typer.Option("--steps", "--iters", help="Timed rounds per size.")]
-BaselineOpt = Annotated[bool, typer.Option("--baseline", metavar="", help="Also time a bare torch.distributed loop (back-to-back collectives) per size.")]
+BareLoopOpt = Annotated[bool, typer.Option("--bare-loop", metavar="", help="Also time a bare torch.distributed loop (back-to-back collectives) per size: a `bare loop` row.")]
+BaselineOpt = Annotated[bool, typer.Option("--baseline", hidden=True, help="The former name of --bare-loop.")]
 CommDeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu: cuda runs nccl, cpu runs gloo (auto: as --backend, else nccl when a GPU is visible).")]
 DEFAULT_SIZES = "1MB,10MB,100MB,1GB"
 
 
 def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters, baseline, device, format,
-            output) -> None:
+            output, quiet: bool = False) -> None:
     """Validate the shared options (before torch is imported), run `bench.comm.collective_job` per world
     size, render (rank 0)."""
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
 
-    check_render_options(format, output, device=device, dtype=dtype)
+    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)
     check_counts(warmup=(warmup, 0), steps=(iters, 1))
     labels = parse_list(sizes, str, what="--sizes")
-    nbytes = [parse_bytes(label) for label in labels]
+    nbytes = [parse_bytes(label, what="--sizes") for label in labels]
     check_message_sizes(labels, nbytes, dtype)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     if collective == "send-recv" and (odd := [n for n in requested or (2,) if n % 2]):
@@ -58,7 +60,8 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     for n in world_sizes:
         result = run_on_ranks("lmsys.bench.comm:collective_job",
                               dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
-                                   iters=iters, baseline=baseline), world_size=n, backend=backend)
+                                   iters=iters, baseline=baseline), world_size=n, backend=backend,
+                              description=f"comm {collective}")
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         rows += result["rows"]
@@ -74,10 +77,11 @@ def _command(collective: str, doc: str):
 
     def command(backend: BackendOpt = None, world_size: WorldSizeOpt = None, sizes: SizesOpt = DEFAULT_SIZES,
                 dtype: DtypeOpt = "fp32", warmup: WarmupOpt = 5, iters: StepsOpt = 20,
-                baseline: BaselineOpt = False, device: CommDeviceOpt = "auto", format: FormatOpt = "table",
-                output: OutputOpt = None):
+                bare_loop: BareLoopOpt = False, baseline: BaselineOpt = False, device: CommDeviceOpt = "auto",
+                quiet: QuietOpt = False,
+                format: FormatOpt = None, output: OutputOpt = None):
         measure(collective, backend=backend, world_size=world_size, sizes=sizes, dtype=dtype, warmup=warmup,
-                iters=iters, baseline=baseline, device=device, format=format, output=output)
+                iters=iters, baseline=bare_loop or baseline, device=device, format=format, output=output, quiet=quiet)
 
     command.__doc__ = doc
     command.__name__ = collective.replace("-", "_")
@@ -94,4 +98,6 @@ COMMANDS = (  # (command name, collective, help)
 for _name, _collective, _doc in COMMANDS:
     app.command(_name)(_command(_collective, _doc))
 app.command("all-reduce", hidden=True)(_command("all-reduce", COMMANDS[0][2]))  # the spelling of the other three
-app.command("sendrecv", hidden=True)(_command("send-recv", COMMANDS[4][2]))  # nccl-tests' spelling
+app.command("allgather", hidden=True)(_command("all-gather", COMMANDS[1][2]))  # nccl-tests' spellings
+app.command("reducescatter", hidden=True)(_command("reduce-scatter", COMMANDS[2][2]))
+app.command("sendrecv", hidden=True)(_command("send-recv", COMMANDS[4][2]))

@@ -6,7 +6,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size, check_render_options,
+from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, QuietOpt, check_counts, check_one_size,
+                                    check_render_options,
                                     emit, run_on_ranks)
 
 app = typer.Typer(help="Data parallelism: naive/flat/overlap/bucketed DDP, ZeRO-1, FSDP vs torch DDP and FSDP2.", no_args_is_help=True)
@@ -23,7 +24,8 @@ def train(
     lever: Annotated[str, typer.Option(help="DDP levers, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: learned-order (buckets in the first backward's gradient order) | grad-views (gradients start each step as zeroed views of the buckets) | bucket-optimizer (an AdamW per bucket, stepped as soon as its all-reduce is done) | copy-engine (buckets all-reduced by the GPUs' copy engines over NVLink, no SMs taken from backward; GPUs of one host); comma-separated.")] = "",
     sm_carveout: Annotated[str, typer.Option(help="SM carveouts, each one more bucketed row on top of the first --bucket-mb and --comm-dtype: from the first bucket's all-reduce to the end of backward, cuBLAS matmuls leave this many SMs to NCCL (0 = only route matmuls through cuBLASLt); comma-separated. GPU only (no effect on a CPU).")] = "",
     nccl_ctas: Annotated[Optional[int], typer.Option(help="NCCL_MIN_CTAS = NCCL_MAX_CTAS for this run (fewer CTAs: less of the GPU taken from backward). Under torchrun set the variables yourself.")] = None,
-    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
+    single_process: Annotated[bool, typer.Option("--single-process/--no-single-process", metavar="", help="Run the one-process rows (1-GPU step time, parity reference) when they fit in memory.")] = True,
+    baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", hidden=True, help="The former name of --single-process.")] = None,
     shard_optimizer: Annotated[bool, typer.Option("--shard-optimizer", metavar="", help="Wrap AdamW in ShardedOptimizer (ZeRO-1) for the DDP strategies.")] = False,
     size: Annotated[Optional[str], typer.Option(help="One model preset (tiny ... 10b) or a .yaml config, not a comma list (one model per run). Default: tiny with gloo, small with nccl.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per rank per step.")] = 4,
@@ -34,7 +36,8 @@ def train(
     world_size: Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4): one torchrun job and one report each. Default 2 (under torchrun: its WORLD_SIZE).")] = None,
     backend: Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu: cuda runs nccl, cpu runs gloo (auto: as --backend, else nccl when a GPU is visible).")] = "auto",
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Train the LM data-parallel with each strategy: ms/step, comm wait, memory, tokens/s, parity."""
@@ -49,7 +52,8 @@ def train(
     from lmsys.model.user import check_model, parse_model_kwargs
 
     list_if_asked(strategy=strategy, model=model)
-    check_render_options(format, output, device=device, dtype=dtype)  # before torch is imported
+    baseline = single_process if baseline is None else baseline
+    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     model = check_model(model) if model else None
     kwargs_json = parse_model_kwargs(model_kwargs)
@@ -59,8 +63,10 @@ def train(
                       sm_carveout=sm_carveout, adapters=adapters)
     ctas = set_nccl_ctas(nccl_ctas)
     if shard_optimizer and not any(shardable(r.strategy) for r in runs):
-        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}); "
-                         "the strategies asked for shard in their own way or not at all")
+        asked = ", ".join(dict.fromkeys(r.strategy for r in runs))
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}, or your "
+                         f"DDP-style pkg.module:Class), not to --strategy {asked}, which shards its own way "
+                         "or brings its own optimizer")
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
@@ -80,7 +86,8 @@ def train(
                   model=model, model_kwargs=kwargs_json)
     reports = []
     for n in world_sizes:  # one torchrun job and one report per world size
-        result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend)
+        result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend,
+                              description="ddp train")
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         meta = result["meta"]

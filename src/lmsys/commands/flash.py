@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import (DeviceOpt, FormatOpt, OutputOpt, check_attention_impl, check_render_options, emit,
+from lmsys.commands._common import (DeviceOpt, FormatOpt, OutputOpt, QuietOpt, check_attention_impl,
+                                    check_render_options, emit,
                                     track)
 
 app = typer.Typer(help="FlashAttention-2: correctness checks of the PyTorch and Triton implementations.", no_args_is_help=True)
@@ -21,7 +22,8 @@ def check(
     seed: Annotated[int, typer.Option(help="Seed of the shapes and of the inputs.")] = 0,
     max_len: Annotated[Optional[int], typer.Option(help="Longest n_queries / n_keys. Default: 300 on a GPU, 80 on a CPU.")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Only these dtypes, comma-separated (fp32, bf16, fp16). Default: every one the device supports.")] = None,
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Compare a FlashAttention-2 implementation with a float64 reference on random awkward shapes (exit 1 if any case fails)."""
@@ -29,7 +31,7 @@ def check(
     from lmsys.core.errors import LmsysError
 
     list_if_asked(impl=impl)
-    check_render_options(format, output, device=device)  # before torch is imported
+    check_render_options(format, output, device=device, quiet=quiet)  # before torch is imported
     if not 0 <= seed < 2**63:  # torch.manual_seed takes a 64-bit seed
         raise LmsysError(f"--seed must be in 0 .. 2**63-1, got {seed}")
 

@@ -25,7 +25,7 @@ def _rows(kind: str) -> list[dict]:
 def list_names(
     kind: Annotated[Optional[str], typer.Argument(help="models | attention | strategies (default: all three).",
                                                   show_default=False)] = None,
-    format: FormatOpt = "table",
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """List the models, attention implementations and distributed strategies lmsys accepts by name."""

@@ -6,7 +6,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size, check_render_options,
+from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, QuietOpt, check_counts, check_one_size,
+                                    check_render_options,
                                     emit, run_on_ranks)
 
 app = typer.Typer(help="Tensor / sequence / pipeline parallelism on a device mesh (dp × tp × pp), with parity to one process.",
@@ -31,7 +32,8 @@ def train(
     warmup: Annotated[int, typer.Option(help="Untimed steps before them (they train too: parity covers all).")] = 2,
     world_size: Annotated[Optional[int], typer.Option(help="Processes (default: the first mesh's size; under torchrun its WORLD_SIZE).")] = None,
     backend: Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")] = None,
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Train the LM on each mesh: ms/step, tokens/s, memory and parameters per rank, bubble, parity."""
@@ -41,7 +43,7 @@ def train(
     from lmsys.distributed.parallelize import CHECKPOINTS, DP_STRATEGIES
     from lmsys.model.config import get_config
 
-    check_render_options(format, output, dtype=dtype)  # before torch is imported
+    check_render_options(format, output, dtype=dtype, quiet=quiet)  # before torch is imported
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), microbatches=(microbatches, 1),
                  virtual_stages=(virtual_stages, 1))
     check_one_size(size, command="parallel train", why="one model per run")
@@ -79,7 +81,8 @@ def train(
                   sequence_parallel=sequence_parallel, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
                   microbatches=microbatches, size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint)
-    result = run_on_ranks("lmsys.distributed.parallel_train:parallel_job", kwargs, world_size=n, backend=backend)
+    result = run_on_ranks("lmsys.distributed.parallel_train:parallel_job", kwargs, world_size=n, backend=backend,
+                          description="parallel train")
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints
         return
     meta = result["meta"]

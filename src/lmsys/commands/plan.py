@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import FormatOpt, OutputOpt, check_counts, check_render_options, emit
+from lmsys.commands._common import FormatOpt, OutputOpt, QuietOpt, check_counts, check_render_options, emit
 
 app = typer.Typer(help="Plan a training run: memory and step time per mesh, calibration, validation.",
                   no_args_is_help=True)
@@ -22,7 +22,7 @@ def train(
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="A YAML file: gpu (a name, or a mapping of its figures), gpus, gpus_per_node, and any figure to override (network_GBps, hbm_GB, ...).")] = None,
     global_batch_tokens: Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Tokens per optimizer step (a whole number of sequences).")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per optimizer step (default: one per GPU).")] = None,
-    context_length: Annotated[Optional[int], typer.Option("--context-length", help="Sequence length (default: the model's).")] = None,
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length (default: the model's).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")] = "bf16",
     master_weights: Annotated[bool, typer.Option("--master-weights/--no-master-weights", metavar="", help="bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
     mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full).")] = None,
@@ -30,7 +30,7 @@ def train(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies.")] = None,
     peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="The dense peak MFU divides by (default: the GPU table's for --dtype).")] = None,
-    format: FormatOpt = "table",
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Rank the meshes that fit by predicted tokens/s: memory per GPU and step time, split by cause."""
@@ -41,10 +41,9 @@ def train(
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
     check_counts(top=(top, 1))
-    if gpus is not None:
-        check_counts(gpus=(gpus, 1))
-    if gpus_per_node is not None:
-        check_counts(gpus_per_node=(gpus_per_node, 1))
+    given = dict(gpus=gpus, gpus_per_node=gpus_per_node, context_length=context_length, global_batch=global_batch,
+                 global_batch_tokens=global_batch_tokens)
+    check_counts(**{name: (value, 1) for name, value in given.items() if value is not None})
 
     from lmsys.plan.train import plan_train
 
@@ -65,19 +64,20 @@ def train(
 def calibrate(
     size: Annotated[str, typer.Option(help="The model whose GEMM and attention shapes are timed (a preset or .yaml, as plan train).")] = "tiny",
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list of fp32, bf16, fp16 (default: fp32 on a CPU, fp32,bf16 on a GPU).")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per timed matmul and attention call.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per timed matmul and attention call.")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed calls first.")] = 2,
-    steps: Annotated[int, typer.Option(help="Timed calls (the median is kept).")] = 5,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed calls (the median is kept).")] = 5,
     profile: Annotated[Path, typer.Option("--profile", help="Write the profile here (.yaml or .json).")] = Path("lmsys-profile.yaml"),
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Measure this machine's matmul, attention, memory and all-reduce rates into a profile for plan train --profile."""
     from lmsys.core.parsing import choose, parse_list
     from lmsys.core.results import Report, check_output_path
 
-    check_render_options(format, output, device=device)
+    check_render_options(format, output, device=device, quiet=quiet)
     check_output_path(profile, what="--profile")
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1))
     dtypes = [choose(d, ("fp32", "bf16", "fp16"), what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
@@ -113,18 +113,19 @@ def validate(
     size: Annotated[Optional[str], typer.Option(help="Presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's policies; block = full recomputation).")] = "none,block",
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
-    steps: Annotated[int, typer.Option(help="Timed steps.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 3,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Run bench e2e here and print predicted beside measured step time and peak memory, with the errors."""
     from lmsys.core.parsing import choose, parse_list
     from lmsys.core.results import Report
 
-    check_render_options(format, output, device=device)
+    check_render_options(format, output, device=device, quiet=quiet)
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1))
     checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
     from lmsys.plan.profile import load_profile
@@ -140,8 +141,11 @@ def validate(
     dtypes = parse_list(dtype, str, what="--dtype") if dtype else (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
     for d in dtypes:
         check_dtype_for_device(d, dev)
-    rows, summary = run(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size, warmup=warmup,
-                        steps=steps, device=dev, profile=prof)
+    from lmsys.core import progress
+
+    with progress.display("plan validate"):
+        rows, summary = run(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size,
+                            warmup=warmup, steps=steps, device=dev, profile=prof)
     meta = {**environment(dev), "profile": f"{profile} ({prof['device']})"}
     notes = []
     for key, value in summary.items():

@@ -7,7 +7,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from lmsys.commands._common import (DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size,
+from lmsys.commands._common import (QuietOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_counts, check_one_size,
                                     check_render_options, emit, track)
 from lmsys.profiling.nsys import DEFAULT_TRACE
 
@@ -17,7 +17,7 @@ SizeOpt = Annotated[Optional[str], typer.Option("--size", help=(
     "One preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config, not a comma list: a profile "
     "looks at one configuration at a time. Default: small on a GPU, tiny on a CPU."))]
 ONE_AT_A_TIME = "a profile looks at one configuration at a time"
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")]
 NsysOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
     "Where the files go: with --engine nsys the .nsys-rep, the `nsys stats` CSVs, the nsys log and the step's "
     "spec/result JSON; with --engine torch the Chrome trace (.trace.json)."))]
@@ -75,12 +75,12 @@ def nsys(
     command: Annotated[Optional[List[str]], typer.Argument(
         help="Profile this command instead of the training step: put it after --.", show_default=False)] = None,
     size: SizeOpt = None,
-    context_length: Annotated[int, typer.Option(help="Sequence length of the batch.")] = 512,
+    context_length: Annotated[int, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch.")] = 512,
     batch_size: BatchOpt = 4,
     dtype: DtypeOpt = "fp32",
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train.")] = "train",
     warmup: Annotated[int, typer.Option(help="Warm-up steps, kept out of every number.")] = 3,
-    steps: Annotated[int, typer.Option(help="Measured steps.")] = 5,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Measured steps.")] = 5,
     device: DeviceOpt = "auto",
     engine: Annotated[str, typer.Option(help="nsys (Nsight Systems) | torch (torch.profiler; works on a CPU).")] = "nsys",
     trace: Annotated[str, typer.Option(help="nsys --trace APIs.")] = DEFAULT_TRACE,
@@ -92,7 +92,8 @@ def nsys(
     model_kwargs: ModelKwargsOpt = None,
     nsys_args: Annotated[str, typer.Option(help="Extra `nsys profile` options, e.g. '--cuda-memory-usage=true'.")] = "",
     out_dir: NsysOutDirOpt = Path("lmsys-out/profile"),
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Time per NVTX range, top kernels overall and per range, attention matmul vs softmax (nsys or torch.profiler)."""
@@ -106,7 +107,7 @@ def nsys(
     from lmsys.profiling.phases import check_mode
 
     model, kwargs_json = _check_model(model, model_kwargs)
-    check_render_options(format, output)
+    check_render_options(format, output, quiet=quiet)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
     check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
     check_mode(mode)
@@ -134,8 +135,11 @@ def nsys(
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode)
     base = report.step_name(engine, name, context_length=context_length, annotated=annotate_attention, **run)
-    prof = report.profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir,
-                               name=base, trace=trace, extra=extra, **run)
+    from lmsys.core import progress
+
+    with progress.display(f"profile nsys --engine {engine}"):
+        prof = report.profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir,
+                                   name=base, trace=trace, extra=extra, **run)
     version = f"{nsys.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
     meta = report.step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=version,
                             **run)
@@ -167,11 +171,11 @@ def _nsys_app(command: list[str], *, engine: str, out_dir: Path, trace: str, ext
 @app.command("memory")
 def memory(
     size: SizeOpt = None,
-    context_length: Annotated[str, typer.Option(help="Sequence length, or a comma-separated list (a sweep).")] = "512",
+    context_length: Annotated[str, typer.Option("--context-length", "--seq-len", help="Sequence length, or a comma-separated list (a sweep).")] = "512",
     batch_size: BatchOpt = 4,
     dtype: DtypeOpt = "fp32",
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train.")] = "train",
-    steps: Annotated[int, typer.Option(help="Recorded steps (the first one also creates the optimizer state).")] = 2,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Recorded steps (the first one also creates the optimizer state).")] = 2,
     device: DeviceOpt = "auto",
     top: MemoryTopOpt = 10,
     snapshot: Annotated[Optional[Path], typer.Option(
@@ -180,7 +184,8 @@ def memory(
     model: ModelOpt = None,
     model_kwargs: ModelKwargsOpt = None,
     out_dir: MemoryOutDirOpt = Path("lmsys-out/profile"),
-    format: FormatOpt = "table",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """Memory timeline PNG with phases and peak, peak per phase, largest allocations, snapshot pickle (CUDA)."""
@@ -189,7 +194,7 @@ def memory(
     from lmsys.profiling.memory_capture import check_cuda
 
     model, kwargs_json = _check_model(model, model_kwargs)
-    check_render_options(format, output)
+    check_render_options(format, output, quiet=quiet)
     check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
     check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
     if snapshot is not None:

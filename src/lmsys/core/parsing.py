@@ -58,14 +58,14 @@ def parse_int_list(text, *, what: str, minimum: int = 1) -> list[int]:
     return values
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, *, what: str = "size") -> int:
     """'1MB' -> 1_000_000, '1MiB' -> 1_048_576, '4096' -> 4096 (case-insensitive)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise LmsysError(f"cannot parse size {text!r}: use e.g. 4096, 1MB, 10MiB, 1GB")
+        raise LmsysError(f"{what}: cannot parse {text!r}: use e.g. 4096, 1MB, 10MiB, 1GB")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise LmsysError(f"size {text!r} must be positive")
+    if n < 1:
+        raise LmsysError(f"{what} must be >= 1 byte, got {text!r}")
     return n
 
 

@@ -200,8 +200,9 @@ def format_for_path(path: str | os.PathLike) -> str:
     return {"csv": "csv", "json": "json"}.get(suffix, "md")
 
 
-def check_format(fmt: str) -> str:
-    return choose(fmt, FORMATS, what="--format")
+def check_format(fmt: str | None) -> str | None:
+    """None (not given): a table on stdout, and the --output file's format from its extension."""
+    return None if fmt is None else choose(fmt, FORMATS, what="--format")
 
 
 def _text(reports: list[Report], fmt: str) -> str:
@@ -210,10 +211,10 @@ def _text(reports: list[Report], fmt: str) -> str:
     return "\n".join(_RENDERERS[fmt](r) for r in reports)
 
 
-def render(reports: Report | list[Report], fmt: str = "table", output: str | os.PathLike | None = None) -> None:
+def render(reports: Report | list[Report], fmt: str | None = None, output: str | os.PathLike | None = None) -> None:
     """Print the report(s) in `fmt` to stdout; with `output`, also write them there (format from `fmt`,
-    or from the file's extension when `fmt` is 'table')."""
-    check_format(fmt)
+    or from the file's extension when `fmt` is None or 'table': .json, .csv, else Markdown)."""
+    fmt = check_format(fmt) or "table"
     reports = [reports] if isinstance(reports, Report) else list(reports)
     if fmt == "table":
         for report in reports:

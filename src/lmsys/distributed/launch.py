@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
+from lmsys.core import progress
 from lmsys.core.files import write_atomic
 
 BACKENDS = ("gloo", "nccl")
@@ -305,12 +306,21 @@ def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:
         env = child_environment(backend, world_size)
         env["TMPDIR"] = str(tmp)  # torchelastic_* (tempfile.mkdtemp) lands here, and goes with it
         env[ENV_PARENT] = str(os.getpid())
+        relay = progress.Relay(tmp)  # rank 0's progress lines, shown by this process's display (if any)
+        env.pop(progress.ENV, None)
+        env.update(relay.env())
         debug = os.environ.get("LMSYS_DEBUG") == "1"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=None if debug else log,
                                     start_new_session=True, preexec_fn=_die_with_parent_sigterm)
             try:
-                returncode = proc.wait()
+                while True:
+                    try:
+                        returncode = proc.wait(timeout=0.2)
+                        break
+                    except subprocess.TimeoutExpired:
+                        relay.poll()
+                relay.poll()
             finally:  # normal end: reap stragglers at once; a signal or an exception: stop the group
                 with _signals_held():
                     stop_group(proc, grace_s=0.0 if proc.returncode is not None else GRACE_S)

@@ -97,8 +97,9 @@ def check_plan(spec: MeshSpec, *, world_size: int, num_heads: int, kv_heads: int
                          hint=f"nearest degrees that work: {near}" if near else None)
     if schedule not in PP_SCHEDULES:
         raise LmsysError(f"--pp-schedule {schedule!r}: one of {', '.join(PP_SCHEDULES)}")
-    if virtual_stages < 1 or microbatches < 1:
-        raise LmsysError("--virtual-stages and --microbatches must be >= 1")
+    for what, value in (("--virtual-stages", virtual_stages), ("--microbatches", microbatches)):
+        if value < 1:
+            raise LmsysError(f"{what} must be >= 1, got {value}")
     if virtual_stages > 1 and schedule != "interleaved-1f1b":
         raise LmsysError(f"--virtual-stages {virtual_stages} needs --pp-schedule interleaved-1f1b")
     chunks = spec.pp * (virtual_stages if schedule == "interleaved-1f1b" else 1)

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from lmsys.core import progress
 from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import RegionTimer, synchronize
@@ -47,6 +48,7 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
     total = warmup + steps
     references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
     rows, notes = [], []
+    progress.plan_rows(len(meshes) * len(impls))
     for text in meshes:
         spec = parse_mesh(text)
         global_batch = batch_size * spec.dp
@@ -56,6 +58,7 @@ def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_st
                                                      seed=seed)
         barrier(ctx)
         for impl in impls:
+            progress.start_row(f"{text} {impl}")
             row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
                            sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                            virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
@@ -128,6 +131,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     # timed as bench e2e times its step: the one timer (CUDA events on a GPU), no synchronisation inside
     # or between steps; the activations are counted on the first step only (a hook per saved tensor)
     timers, losses, act = [], [], None
+    progress.plan_steps(total)
     for i in range(total):
         inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
         optimizer.zero_grad(set_to_none=True)
@@ -139,6 +143,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
                                 timer=timer, measure_activations=i == 0)
             optimizer.step()
         losses.append(res.loss)
+        progress.step()
         if i == 0:
             act = res.peak_activation_bytes
         if i >= warmup:

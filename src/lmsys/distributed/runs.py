@@ -19,7 +19,7 @@ STRATEGIES = tuple(name for name, s in REGISTRY.items() if not s.adapters)
 ADAPTER_STRATEGIES = tuple(name for name, s in REGISTRY.items() if s.adapters)
 # --shard-optimizer wraps their AdamW in ZeRO-1 (`shardable`: yours, yours-bucketed and a DDP-style import
 # path too); the FSDPs shard their own way, yours-zero1 brings its own sharded optimizer
-SHARDABLE = tuple(name for name in STRATEGIES if not REGISTRY[name].shards_params)
+SHARDABLE = tuple(name for name, s in REGISTRY.items() if not s.shards_params and s.optimizer is None)
 COMM_DTYPES = ("fp32", "bf16")
 BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 
@@ -166,5 +166,5 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
                      "than 1e-4 (fp32) or 5e-2 (otherwise) of their largest magnitude; the status names the "
                      "worst parameter.")
     if not baseline:
-        notes.append("--no-baseline: no one-process rows, so scaling eff % and parity are empty.")
+        notes.append("--no-single-process: no one-process rows, so scaling eff % and parity are empty.")
     return notes

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from lmsys.core import progress
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory
 from lmsys.core.imports import NotImplementedByUser
 from lmsys.core.parsing import MiB
@@ -91,6 +92,7 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
     total = warmup + steps
     rows: list[dict] = []
     reference, single_ms, notes = None, None, []
+    progress.plan_rows(len(runs) + (2 if baseline else 0))
     if ctx.is_main and baseline:  # one process: the 1-GPU step time, then the full-batch parity reference
         rows, single_ms, reference, notes = baseline_runs(ctx, config, source, batch_size=batch_size,
                                                           dtype=dtype, warmup=warmup, total=total, seed=seed)
@@ -98,6 +100,7 @@ def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: 
 
     batches = [_to(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
     for spec in (RunSpec(**r) for r in runs):
+        progress.start_row(spec.strategy)
         row = strategy_run(ctx, config, spec, batches, dtype=dtype, warmup=warmup,
                            shard_optimizer=shard_optimizer, seed=seed, reference=reference, single_ms=single_ms,
                            tolerance=parity_tolerance(dtype, spec, total=total))
@@ -118,6 +121,7 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
     label = f"1 process, batch {batch_size}"
     rows, notes, single_ms, reference = [], [], None, None
     ok, why = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
+    progress.start_row(label)
     if ok:
         batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
         row, _ = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup, seed=seed,
@@ -132,6 +136,7 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
         notes.append(f"{label}: {row['status']}; it was not run to the end, so scaling eff % is empty "
                      "(nothing to compare with). The strategies still ran.")
     full = batch_size * ctx.world_size
+    progress.start_row("reference")
     ok, why = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
     if ok:
         batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
@@ -179,6 +184,7 @@ def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, be
     after_backward = after_backward or getattr(model, "finish_gradient_synchronization", None)
     if after_backward is not None and tracker is not None:
         after_backward = tracker.in_phase("comm", after_backward)
+    progress.plan_steps(len(batches))
     for i, (inputs, targets) in enumerate(batches):
         after = after_backward
         if i == 0 and on_first_grads is not None:
@@ -188,6 +194,7 @@ def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, be
                 on_first_grads()
         run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
                  before=before, after_backward=after)
+        progress.step()
     synchronize(device)
     return timer
 

@@ -96,7 +96,7 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
 
     check_impl(attn_impl)
     if context_length < 1:
-        raise LmsysError(f"--context-length must be positive, got {context_length}")
+        raise LmsysError(f"--context-length must be >= 1, got {context_length}")
     out = []
     for name in sizes:
         cfg = get_config(name).with_overrides(
@@ -150,21 +150,43 @@ def config_from_yaml(path: str | Path, *, _chain: tuple[Path, ...] = ()) -> Mode
     unknown = set(data) - known
     if unknown:
         raise LmsysError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    _check_names(path, data)
     if base is not None:
         if not isinstance(base, str):
             raise LmsysError(f"{path}: `preset:` must be a preset name or a .yaml path, got {base!r}")
         if base in PRESETS:
-            return PRESETS[base].with_overrides(**data)
+            return _in_file(path, lambda: PRESETS[base].with_overrides(**data))
         if base.endswith((".yaml", ".yml")):
             base_path = Path(base).expanduser()
             if not base_path.is_absolute():
                 base_path = path.parent / base_path  # relative to the file that names it
-            return config_from_yaml(base_path, _chain=(*_chain, resolved)).with_overrides(**data)
+            parent = config_from_yaml(base_path, _chain=(*_chain, resolved))
+            return _in_file(path, lambda: parent.with_overrides(**data))
         raise LmsysError(f"{path}: unknown `preset:` {base!r}; presets: {', '.join(PRESETS)} (or a .yaml file)")
     missing = {"d_model", "d_ff", "num_layers", "num_heads"} - set(data)
     if missing:
         raise LmsysError(f"{path}: missing keys {sorted(missing)} (or give `preset:` as a base)")
-    return ModelConfig(**data)
+    return _in_file(path, lambda: ModelConfig(**data))
+
+
+def _check_names(path: Path, data: dict) -> None:
+    """A YAML's `attn_impl:` and `model:` are refused as the command line refuses --impl and --model
+    (torch-free, before any work), in one line naming the file and the key."""
+    from lmsys.kernels.registry import check_name
+    from lmsys.model.user import check_model
+
+    if isinstance(data.get("attn_impl"), str):
+        check_name(data["attn_impl"], what=f"{path}: attn_impl")
+    if isinstance(data.get("model"), str):
+        check_model(data["model"], what=f"{path}: model")
+
+
+def _in_file(path: Path, build):
+    """build(), with a bad value's message (`d_model must be a positive integer`) naming the file."""
+    try:
+        return build()
+    except LmsysError as exc:
+        raise LmsysError(f"{path}: {exc.message}", hint=exc.hint) from None
 
 
 def parameter_count_formula(cfg: ModelConfig) -> int:

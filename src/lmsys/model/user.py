@@ -47,11 +47,11 @@ def listing() -> list[tuple[str, str]]:
     return rows
 
 
-def check_model(name: str) -> str:
+def check_model(name: str, *, what: str = "--model") -> str:
     """Before torch loads: lmsys, hf:NAME, or an import path."""
     if name == LMSYS or name in HF_MODELS or is_import_path(name) and not name.startswith("hf:"):
         return name
-    raise LmsysError(f"--model must be lmsys, {', '.join(HF_MODELS)} or pkg.module:Name, not {name!r}")
+    raise LmsysError(f"{what} must be lmsys, {', '.join(HF_MODELS)} or pkg.module:Name, not {name!r}")
 
 
 def parse_model_kwargs(text: str | None) -> str:

@@ -38,7 +38,7 @@ def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per
             raise LmsysError(f"the profile's device {name!r} is not in the GPU table; give --gpu or --cluster")
         clu = srch.Cluster(part, gpus or 1, gpus_per_node or 8)
     if clu.gpus < 1:
-        raise LmsysError("--gpus must be >= 1")
+        raise LmsysError(f"--gpus must be >= 1, got {clu.gpus}")
     peak = peak_tflops if peak_tflops is not None else clu.gpu.peak(dtype)
     if peak is None:
         raise LmsysError(f"{clu.gpu.name} has no {dtype} rate in the table; give --peak-tflops")

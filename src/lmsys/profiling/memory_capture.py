@@ -133,7 +133,9 @@ def _enable_history(record, max_entries: int) -> None:
 
 def write_snapshot(snapshot: dict, path: Path) -> Path:
     """Pickle the snapshot exactly as torch.cuda.memory._dump_snapshot does (memory_viz reads it)."""
+    from lmsys.core.files import atomic_output
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    with atomic_output(path, what="--out-dir") as tmp, open(tmp, "wb") as f:  # whole or not at all
         pickle.dump(snapshot, f)
     return path

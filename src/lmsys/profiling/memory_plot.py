@@ -54,6 +54,9 @@ def render_png(timeline: Timeline, path: Path, *, title: str) -> Path:
         ax.legend(handles=handles, loc="upper left", fontsize=8, ncol=len(handles), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    from lmsys.core.files import atomic_output
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_output(path, what="--out-dir") as tmp:  # whole or not at all; the extension tells savefig PNG
+        fig.savefig(tmp)
     return path

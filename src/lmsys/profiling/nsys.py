@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.files import write_atomic
 from lmsys.profiling.summary import RangeTime, Timed, TimeProfile, aggregate
 
 DEFAULT_TRACE = "cuda,nvtx,osrt,cublas"
@@ -441,40 +442,58 @@ def _child_env() -> dict:
 
 def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str, extra: list[str],
              capture_profiler_api: bool, windowed: tuple[str, ...], result_file: Path | None) -> TimeProfile:
+    """nsys writes the report and the stats CSVs under a hidden temporary name beside their final names;
+    they are renamed only when all are complete, so an interrupt or a failure leaves nothing (and an older
+    complete report stays as it was) at the final paths."""
     check_importer(nsys)
     out_dir.mkdir(parents=True, exist_ok=True)
-    output = out_dir / name
+    final = out_dir / name
+    output = out_dir / f".{name[:64]}.tmp-{os.getpid()}"
     log = out_dir / f"{name}.log"
     log.write_text("")
-    for stale in (Path(f"{output}.nsys-rep"), Path(f"{output}.qdstrm"), Path(f"{output}.sqlite")):
-        stale.unlink(missing_ok=True)
-    cmd = profile_command(nsys, app, output=output, trace=trace, capture_profiler_api=capture_profiler_api,
-                          extra=extra)
-    n_app = len(app)
-    cmd = drop_unsupported(cmd[:-n_app], supported_flags(nsys)) + cmd[-n_app:]
-    run = run_profile(cmd, output=output, env=_child_env(), log=log)
-    if result_file is not None:
-        import json
+    try:
+        cmd = profile_command(nsys, app, output=output, trace=trace, capture_profiler_api=capture_profiler_api,
+                              extra=extra)
+        n_app = len(app)
+        cmd = drop_unsupported(cmd[:-n_app], supported_flags(nsys)) + cmd[-n_app:]
+        run = run_profile(cmd, output=output, env=_child_env(), log=log)
+        if result_file is not None:
+            import json
 
-        result = json.loads(result_file.read_text()) if result_file.is_file() else None
-        if result is None:
-            raise LmsysError(f"the profiled step did not finish (nsys exit {run.returncode}): "
+            result = json.loads(result_file.read_text()) if result_file.is_file() else None
+            if result is None:
+                raise LmsysError(f"the profiled step did not finish (nsys exit {run.returncode}): "
+                                 f"{last_error_line(run.output)}; full output in {log}")
+            if result.get("status") != "ok":
+                raise LmsysError(f"the profiled step failed: {result.get('error')}; full output in {log}")
+        if run.report is None:
+            if run.qdstrm is not None and run.qdstrm.parent == out_dir and run.qdstrm.name.startswith(output.name):
+                run.qdstrm = run.qdstrm.replace(Path(f"{final}.qdstrm"))  # complete, only not imported: kept
+            if run.qdstrm is not None or ".qdstrm" in run.output or "Importer error" in run.output:
+                raise importer_failure(run, nsys)
+            raise LmsysError(f"nsys profile wrote no .nsys-rep (exit {run.returncode}): "
                              f"{last_error_line(run.output)}; full output in {log}")
-        if result.get("status") != "ok":
-            raise LmsysError(f"the profiled step failed: {result.get('error')}; full output in {log}")
-    if run.report is None:
-        if run.qdstrm is not None or ".qdstrm" in run.output or "Importer error" in run.output:
-            raise importer_failure(run, nsys)
-        raise LmsysError(f"nsys profile wrote no .nsys-rep (exit {run.returncode}): "
-                         f"{last_error_line(run.output)}; full output in {log}")
-    base = out_dir / f"{name}_stats"
-    files = run_stats(nsys, run.report, base=base, log=log)
-    commands = [shlex.join(cmd), shlex.join(stats_command(nsys, run.report, base=base))]
+        base = out_dir / f"{output.name}_stats"
+        files = run_stats(nsys, run.report, base=base, log=log)
+        if windowed:
+            files.update(run_stats(nsys, run.report, base=base, reports=TRACE_REPORTS, log=log, required=False))
+        stats = load_stats(files)
+        # Complete: the new files take the final names (old stats CSVs go first, so none is left from before).
+        for stale in (*out_dir.glob(f"{glob.escape(name)}_stats_*.csv"), Path(f"{final}.qdstrm"),
+                      Path(f"{final}.sqlite")):
+            stale.unlink(missing_ok=True)
+        report = run.report.replace(Path(f"{final}.nsys-rep"))
+        files = {k: Path(v).replace(out_dir / Path(v).name.replace(output.name, name, 1)) for k, v in files.items()}
+    finally:
+        for leftover in out_dir.glob(f"{glob.escape(output.name)}[._]*"):
+            leftover.unlink(missing_ok=True)
+    stats_base = out_dir / f"{name}_stats"
+    commands = [shlex.join([a.replace(str(output), str(final)) for a in cmd]),
+                shlex.join(stats_command(nsys, report, base=stats_base))]
     if windowed:
-        files.update(run_stats(nsys, run.report, base=base, reports=TRACE_REPORTS, log=log, required=False))
-        commands.append(shlex.join(stats_command(nsys, run.report, base=base, reports=TRACE_REPORTS)))
-    profile = summarize(load_stats(files), windowed=windowed)
-    profile.files = {"report": str(run.report), **{f"{k}.csv": str(v) for k, v in files.items()}, "log": str(log)}
+        commands.append(shlex.join(stats_command(nsys, report, base=stats_base, reports=TRACE_REPORTS)))
+    profile = summarize(stats, windowed=windowed)
+    profile.files = {"report": str(report), **{f"{k}.csv": str(v) for k, v in files.items()}, "log": str(log)}
     profile.commands = commands
     return profile
 
@@ -494,7 +513,7 @@ def profile_e2e(nsys: str, *, config, batch_size: int, dtype: str, mode: str, wa
     result_file.unlink(missing_ok=True)
     spec = {"config": config.as_dict(), "batch_size": batch_size, "dtype": dtype, "mode": mode,
             "warmup": warmup, "steps": steps, "device": device, "result": str(result_file)}
-    spec_file.write_text(json.dumps(spec, indent=2))
+    write_atomic(spec_file, json.dumps(spec, indent=2), what="--out-dir")
     app = [sys.executable, "-m", "lmsys.profiling.nsys_target", str(spec_file)]
     profile = _profile(nsys, app, out_dir=out_dir, name=name, trace=trace, extra=list(extra or []),
                        capture_profiler_api=True, windowed=STEP_RANGES, result_file=result_file)

@@ -18,6 +18,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from lmsys.core import progress
 from lmsys.core.files import atomic_output
 from lmsys.profiling.nvtx import ATTENTION_RANGES
 from lmsys.profiling.phases import PROFILER_NAMES, STEP_RANGES, WARMUP
@@ -59,9 +60,11 @@ def profile_e2e(workload, device, *, mode: str, warmup: int, steps: int, out_dir
         warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is the user's choice
         with profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
                      on_trace_ready=ready) as prof:
+            progress.plan_steps(warmup + steps)
             for _ in range(warmup + steps):
                 run_step(step, inputs, targets, mode=mode, range_fn=phase, names=PROFILER_NAMES)
                 prof.step()
+                progress.step()
     if "events" not in collected:  # older schedules call on_trace_ready only on exit
         ready(prof)
     del step

@@ -1,0 +1,148 @@
+"""Progress on long work: one Rich display on stderr with rows done of rows planned and the steps of the
+row that runs, shown only when stderr is a terminal and `--quiet` was not given; nothing on stdout.
+
+Commands open the display (`rows`, around their sweep). Library loops only say where they are
+(`plan_steps`, `step`, and for a job that plans its own rows `plan_rows`, `start_row`): without a display
+these are no-ops, so library code stays silent. Ranks have no terminal: on rank 0 under lmsys's launcher
+(LMSYS_PROGRESS_FILE set) the same calls append one line each to a file in the run folder, which the
+launching process tails into its display (`relay`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+
+ENV = "LMSYS_PROGRESS_FILE"  # set by the launcher for rank 0 when the launching process shows a display
+_quiet = False
+_display: Optional["Display"] = None
+
+
+def set_quiet(quiet: bool) -> None:
+    """--quiet: no display for the rest of this process."""
+    global _quiet
+    _quiet = bool(quiet)
+
+
+def shown() -> bool:
+    """Whether a display would be drawn: stderr is a terminal and --quiet was not given."""
+    try:
+        return not _quiet and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Display:
+    """Two bars: rows (done of planned) and the steps of the row that runs."""
+
+    def __init__(self, description: str, total_rows: Optional[int]):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+        self.rows = self.progress.add_task(f"{description}: rows", total=total_rows)
+        self.steps = self.progress.add_task("  steps", total=None, visible=False)
+        self.description = description
+
+    def apply(self, kind: str, value: str = "") -> None:
+        """One progress event: rows N | row LABEL | steps N LABEL | step."""
+        p = self.progress
+        if kind == "rows":
+            p.update(self.rows, total=int(value))
+        elif kind == "row":  # a row starts: the one before it is done
+            if getattr(self, "_row_open", False):
+                p.advance(self.rows)
+            self._row_open = True
+            p.update(self.rows, description=f"{self.description}: {value}" if value else p.tasks[self.rows].description)
+        elif kind == "steps":
+            total, _, label = value.partition(" ")
+            p.update(self.steps, total=int(total), completed=0, visible=True, description=f"  {label or 'steps'}")
+        elif kind == "step":
+            p.advance(self.steps)
+
+
+def _emit(kind: str, value: str = "") -> None:
+    if _display is not None:
+        _display.apply(kind, value)
+        return
+    path = os.environ.get(ENV)
+    if path and os.environ.get("RANK", "0") == "0":
+        try:
+            with open(path, "a") as f:
+                f.write(f"{kind} {value}".rstrip() + "\n")
+        except OSError:
+            pass  # progress is never worth a failure
+
+
+def plan_rows(total: int) -> None:
+    _emit("rows", str(int(total)))
+
+
+def start_row(label: str = "") -> None:
+    _emit("row", " ".join(str(label).split()))
+
+
+def plan_steps(total: int, label: str = "steps") -> None:
+    """A loop of `total` steps starts (warm-up included)."""
+    _emit("steps", f"{int(total)} {' '.join(label.split())}")
+
+
+def step() -> None:
+    _emit("step")
+
+
+@contextmanager
+def display(description: str, *, total_rows: Optional[int] = None) -> Iterator[Optional[Display]]:
+    """The display for the block (None, and nothing drawn, when not `shown()`)."""
+    global _display
+    if not shown() or _display is not None:
+        yield None
+        return
+    _display = Display(description, total_rows)
+    try:
+        with _display.progress:
+            yield _display
+    finally:
+        _display = None
+
+
+def rows(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
+    """Yield `items` (rows, or groups of rows) under a display: one more done per item."""
+    with display(description, total_rows=total) as shown_:
+        for item in items:
+            yield item
+            if shown_ is not None:
+                shown_.progress.advance(shown_.rows)
+                shown_.progress.update(shown_.steps, visible=False)
+
+
+class Relay:
+    """The launcher's side: a file for rank 0's progress lines, read into the display while the job runs."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "progress"
+        self._offset = 0
+
+    def env(self) -> dict[str, str]:
+        return {ENV: str(self.path)} if _display is not None else {}
+
+    def poll(self) -> None:
+        if _display is None or not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            kind, _, value = line.partition(" ")
+            try:
+                _display.apply(kind, value)
+            except (ValueError, KeyError, IndexError):
+                pass
