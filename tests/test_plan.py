@@ -52,6 +52,52 @@ def test_devices_peak_delegates_to_the_table():
     assert devices.peak_rates("NVIDIA H200").startswith("H200 SXM, dense TFLOP/s bf16 989.5")
 
 
+def test_given_peak_is_what_every_mfu_divides_by():
+    import torch
+
+    from lmsys.core import devices
+
+    cpu = torch.device("cpu")
+    assert devices.peak_tflops(cpu, "bf16") is None and "MFU peak" not in devices.environment(cpu)
+    assert devices.peak_tflops(cpu, "bf16", given=2.5) == 2.5
+    with devices.given_peak(4.0):  # what a rank job sets from --peak-tflops
+        assert devices.peak_tflops(cpu, "fp32") == 4.0
+        assert devices.environment(cpu)["MFU peak"] == "4 TFLOP/s dense per device (--peak-tflops)"
+    assert devices.peak_tflops(cpu, "fp32") is None
+    assert devices.peak_rates("NVIDIA RTX 6000 Ada").endswith("MFU left empty (give its dense peak with "
+                                                            "--peak-tflops X)")
+    with pytest.raises(LmsysError, match="--peak-tflops must be a positive number"):
+        hardware.check_peak(0.0)
+
+
+def test_peak_tflops_option_gives_bench_and_ddp_an_mfu(lmsys):
+    import json
+
+    from lmsys.model.config import get_config
+    from lmsys.model.user import model_flops
+
+    cfg = get_config("tiny")
+    r = lmsys("bench", "e2e", "--device", "cpu", "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--peak-tflops", "0.25", "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    row, = out["rows"]
+    flops = model_flops(cfg.with_overrides(context_length=16), batch_size=2, seq_len=16, backward=True)
+    assert row["MFU %"] == pytest.approx(100 * flops / (row["ms/step"]["mean"] * 1e-3) / 0.25e12, rel=1e-6)
+    assert out["meta"]["MFU peak"] == "0.25 TFLOP/s dense per device (--peak-tflops)"
+    r = lmsys("ddp", "train", "--strategy", "naive", "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--world-size", "2", "--backend", "gloo", "--peak-tflops", "0.25",
+              "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["meta"]["MFU peak"] == "0.25 TFLOP/s dense per device (--peak-tflops)"
+    for row in out["rows"]:
+        ranks = 1 if row["strategy"].startswith("single") else 2
+        tokens = 2 * 16 * ranks
+        flops = model_flops(cfg.with_overrides(context_length=16), batch_size=tokens // 16, seq_len=16, backward=True)
+        assert row["MFU %"] == pytest.approx(100 * flops / (row["ms/step"] * 1e-3) / (0.25e12 * ranks), rel=1e-6), row
+
+
 # ------------------------------------------------------------------------------------------- memory
 
 from lmsys.plan import memory as mem  # noqa: E402

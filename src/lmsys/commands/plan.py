@@ -41,6 +41,9 @@ def train(
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
     check_counts(top=(top, 1))
+    from lmsys.core.hardware import check_peak
+
+    check_peak(peak_tflops)
     if gpus is not None:
         check_counts(gpus=(gpus, 1))
     if gpus_per_node is not None:
