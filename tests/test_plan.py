@@ -394,6 +394,31 @@ def test_plan_train_cli(lmsys, tmp_path):
     assert {row["mesh"] for row in json.loads(r.out)["rows"]} == {"dp16 tp1 pp1"}
 
 
+def test_plan_train_terminal_view_groups_columns_and_files_keep_them(lmsys):
+    import io
+    import json
+
+    from lmsys.core.results import Report, print_rich, to_csv
+    from lmsys.plan.train import GROUPS, plan_train
+
+    rows, meta, _, notes = plan_train(size="small", gpus=4, gpu="H100", global_batch=8, top=2)
+    report = Report("plan train", rows, meta, notes, groups=GROUPS)
+    cols, shown = report.terminal_view()
+    assert len(report.columns) == 24 and len(cols) == 24 - 2 - 6 - 8 + 3
+    assert cols.index("memory GiB (w/g/o/a/b/free)") == report.columns.index("weights GiB") - 1  # mb/size took 2
+    parts = shown[0]["ms (comp/recomp/tp/pp/dp/bubble/opt/host)"].split("/")
+    assert [float(p) for p in parts] == pytest.approx([rows[0][k] for k in GROUPS[2][1]], rel=5e-3, abs=1e-3)
+    buf = io.StringIO()
+    print_rich(report, file=buf)
+    assert "memory GiB (w/g/o/a/b/free)" in buf.getvalue() and "weights GiB" not in buf.getvalue()
+    header = next(line for line in to_csv(report).splitlines() if line.startswith("mesh"))
+    assert header.count("GiB") == 6  # files keep a column each
+    plain = Report("other", [{"a": 1.0, "b": 2.0}], groups=[("a/c", ("a", "c"))])  # a group missing a column
+    assert plain.terminal_view()[0] == ["a", "b"]
+    r = lmsys("plan", "train", "--size", "small", "--gpus", "4", "--gpu", "H100", "--top", "1", "--format", "json")
+    assert "weights GiB" in json.loads(r.out)["rows"][0]
+
+
 def test_help_does_not_import_torch():
     import subprocess
     import sys

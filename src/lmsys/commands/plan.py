@@ -61,7 +61,9 @@ def train(
 
         plot_plans(plans, plot, title=f"{meta['model'].split(':')[0]} on {meta['cluster'].split(',')[0]}")
         notes.append(f"Plot written to {plot}.")
-    emit(Report("plan train", rows, meta, notes), format, output)
+    from lmsys.plan.train import GROUPS
+
+    emit(Report("plan train", rows, meta, notes, groups=GROUPS), format, output)
 
 
 @app.command("calibrate")
