@@ -31,8 +31,14 @@ VALUES = {
     "--strategy": ["naive", "bogus"],
     "--top": ["1", "0", "-1"],
     "--engine": ["torch", "nsys", "bogus"],
-    "--gpus": ["1", "8", "0", "-1"],
     "-o": ["/proc/x.md", "/etc/hostname/o.md", "/", "out.json", "out.csv"],
+    "--gpus": ["1", "8", "0", "-1", "x"],
+    "--gpu": ["H100", "A100 80GB SXM", "V100", ""],
+    "--mesh": ["dp=1", "tp=3", "dp=x", "pp=0", "zero=9", ""],
+    "--global-batch": ["1", "0", "-2"],
+    "--peak-tflops": ["100", "0", "-5", "nan", "inf"],
+    "--profile": ["p.yaml", "/etc/hostname/p.yaml", "nope.json"],
+    "--checkpoint": ["none", "block", "bogus", ""],
 }
 
 COMMANDS = {
@@ -49,14 +55,18 @@ COMMANDS = {
     ("ddp", "train"): ["--format", "--device", "--dtype", "--steps", "--warmup", "--batch-size", "--world-size",
                        "--backend", "--strategy", "--size", "-o"],
     ("parallel", "train"): ["--format", "--dtype", "--steps", "--warmup", "--batch-size", "--size", "--backend", "-o"],
-    ("plan", "train"): ["--format", "--dtype", "--size", "--context-length", "--top", "--gpus", "-o"],
-    ("plan", "calibrate"): ["--format", "--device", "--steps", "--warmup", "--batch-size", "--size", "-o"],
-    ("plan", "validate"): ["--format", "--device", "--steps", "--batch-size", "-o"],
+    ("plan", "train"): ["--format", "--dtype", "--size", "--gpus", "--gpu", "--mesh", "--global-batch", "--top",
+                        "--context-length", "--peak-tflops", "-o"],
+    # no --steps / --warmup: a huge count would time forever (as in every benchmark); their defaults are small
+    ("plan", "calibrate"): ["--format", "--device", "--dtype", "--batch-size", "--size", "--profile", "-o"],
+    ("plan", "validate"): ["--format", "--device", "--dtype", "--batch-size", "--size", "--profile", "--checkpoint",
+                           "-o"],
     ("list",): ["--format", "-o"],
 }
 # Values that keep a valid run tiny: one step, small shapes.
 SMALL = {"--steps": "1", "--warmup": "0", "--batch-size": "1", "--context-length": "16", "--size": "tiny",
-         "--cases": "1", "--max-len": "8", "--d-head": "16", "--sizes": "4KB", "--device": "cpu"}
+         "--cases": "1", "--max-len": "8", "--d-head": "16", "--sizes": "4KB", "--device": "cpu", "--gpu": "H100",
+         "--profile": "p.yaml", "--checkpoint": "none"}
 DISTRIBUTED = {("comm", "allreduce"), ("ddp", "train"), ("parallel", "train")}
 
 

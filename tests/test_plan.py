@@ -52,11 +52,59 @@ def test_devices_peak_delegates_to_the_table():
     assert devices.peak_rates("NVIDIA H200").startswith("H200 SXM, dense TFLOP/s bf16 989.5")
 
 
+def test_given_peak_is_what_every_mfu_divides_by():
+    import torch
+
+    from lmsys.core import devices
+
+    cpu = torch.device("cpu")
+    assert devices.peak_tflops(cpu, "bf16") is None and "MFU peak" not in devices.environment(cpu)
+    assert devices.peak_tflops(cpu, "bf16", given=2.5) == 2.5
+    with devices.given_peak(4.0):  # what a rank job sets from --peak-tflops
+        assert devices.peak_tflops(cpu, "fp32") == 4.0
+        assert devices.environment(cpu)["MFU peak"] == "4 TFLOP/s dense per device (--peak-tflops)"
+    assert devices.peak_tflops(cpu, "fp32") is None
+    assert devices.peak_rates("NVIDIA RTX 6000 Ada").endswith("MFU left empty (give its dense peak with "
+                                                            "--peak-tflops X)")
+    with pytest.raises(LmsysError, match="--peak-tflops must be a positive number"):
+        hardware.check_peak(0.0)
+
+
+def test_peak_tflops_option_gives_bench_and_ddp_an_mfu(lmsys):
+    import json
+
+    from lmsys.model.config import get_config
+    from lmsys.model.user import model_flops
+
+    cfg = get_config("tiny")
+    r = lmsys("bench", "e2e", "--device", "cpu", "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--peak-tflops", "0.25", "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    row, = out["rows"]
+    flops = model_flops(cfg.with_overrides(context_length=16), batch_size=2, seq_len=16, backward=True)
+    assert row["MFU %"] == pytest.approx(100 * flops / (row["ms/step"]["mean"] * 1e-3) / 0.25e12, rel=1e-6)
+    assert out["meta"]["MFU peak"] == "0.25 TFLOP/s dense per device (--peak-tflops)"
+    r = lmsys("ddp", "train", "--strategy", "naive", "--size", "tiny", "--context-length", "16", "--batch-size", "2",
+              "--steps", "1", "--warmup", "0", "--world-size", "2", "--backend", "gloo", "--peak-tflops", "0.25",
+              "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["meta"]["MFU peak"] == "0.25 TFLOP/s dense per device (--peak-tflops)"
+    for row in out["rows"]:
+        ranks = 1 if row["strategy"].startswith("single") else 2
+        tokens = 2 * 16 * ranks
+        flops = model_flops(cfg.with_overrides(context_length=16), batch_size=tokens // 16, seq_len=16, backward=True)
+        assert row["MFU %"] == pytest.approx(100 * flops / (row["ms/step"] * 1e-3) / (0.25e12 * ranks), rel=1e-6), row
+
+
 # ------------------------------------------------------------------------------------------- memory
 
 from lmsys.plan import memory as mem  # noqa: E402
 from lmsys.plan import search as srch  # noqa: E402
 from lmsys.plan import time as ptime  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
 from lmsys.plan.shape import GPT_PRESETS, ModelShape, from_mapping, load_shape, params  # noqa: E402
 
 SMALL = ModelShape(name="small-test", vocab=100, d_model=8, d_ff=16, layers=2, heads=2, kv_heads=1, seq=4)
@@ -189,6 +237,92 @@ def test_korthikanti_mfu_within_15_percent(name, pp, batch, published):
     assert mem.memory(m, lay, mem.PRECISIONS["master"], capacity=80e9).headroom > 0  # they ran
 
 
+def test_korthikanti_runs_are_device_bound():
+    # the host terms are for small steps: on the published runs the host hides under the device
+    for name, pp, batch in (("gpt-22b", 1, 4), ("gpt-175b", 8, 64), ("gpt-1t", 64, 512)):
+        lay = mem.Layout(tp=8, pp=pp, sp=True, schedule="1f1b" if pp > 1 else "none", microbatches=batch,
+                         checkpoint="selective")
+        st = ptime.step_time(GPT_PRESETS[name], lay, mem.PRECISIONS["master"], ptime.table_rates(A100, "bf16"),
+                             gpus_per_node=8)
+        assert st.host == 0.0
+        assert st.parts["host fwd ms"] < st.parts["fwd block ms"] * GPT_PRESETS[name].layers / pp
+
+
+def test_optimizer_bytes_by_hand():
+    # read the gradient 4, read + write the fp32 parameter 8, both moments 16; a master copy also writes the
+    # 16-bit weights (2); gradients are set to None, never zeroed
+    assert ptime.optimizer_bytes(mem.PRECISIONS["fp32"]) == 28
+    assert ptime.optimizer_bytes(mem.PRECISIONS["autocast"]) == 28
+    assert ptime.optimizer_bytes(mem.PRECISIONS["master"]) == 30
+
+
+def _rates(**kw):
+    base = dict(matmul_tflops=1.0, attention_tflops=1.0, hbm_GBps=100.0, intra_GBps=10.0, inter_GBps=None,
+                latency_us=0.0, source="test")
+    return ptime.Rates(**{**base, **kw})
+
+
+def test_elementwise_bytes_by_hand():
+    # SMALL: s 4, b 2, h 8, f 16, kv_dim 4, a 2; fp32 (act = residual = 4); no TP.
+    prec = mem.PRECISIONS["fp32"]
+    sbh, sbf, skv, ass = 4 * 2 * 8, 4 * 2 * 16, 4 * 2 * 4, 2 * 4 * 4 * 2
+    # two RMSNorms r/w (2·2·4), two residual adds r2 w1 (2·3·4); RoPE r/w on Q (sbh) and K (kv) 2·4;
+    # SiLU r/w and the gate product r2 w1 on sbf: 5·4
+    outside = (16 + 24) * sbh + 8 * (sbh + skv) + 20 * sbf
+    naive_shape = replace(SMALL, attention="naive")
+    naive = ptime.elementwise_bytes(naive_shape, b=2, prec=prec, tp=1, sp=False)
+    # naive attention over the s×s scores: scale, mask, fp32 softmax, cast: (6·4 + 8) bytes an element
+    assert naive == (outside, 32 * ass)
+    flash = ptime.elementwise_bytes(SMALL, b=2, prec=prec, tp=1, sp=False)
+    assert flash == (outside, 0.0)  # the fused kernel moves no s×s scores
+    fused = ptime.elementwise_bytes(replace(SMALL, attention="materialized"), b=2, prec=prec, tp=1, sp=False)
+    assert fused == (outside, 2 * 4 * ass)  # one fused softmax r/w
+    st_naive = ptime.step_time(naive_shape, mem.Layout(micro_batch=2), prec, _rates(launch_us=0.0), gpus_per_node=1)
+    assert st_naive.parts["elementwise fwd block ms"] == pytest.approx((outside + 32 * ass) / 100e9 * 1e3)
+    st = ptime.step_time(naive_shape, mem.Layout(micro_batch=2), prec, _rates(launch_us=0.0, elementwise_GBps=50.0),
+                         gpus_per_node=1)
+    assert st.parts["elementwise fwd block ms"] == pytest.approx((outside + 32 * ass) / 50e9 * 1e3)
+
+
+def test_attention_kind_comes_from_attn_impl():
+    from lmsys.model.config import get_config
+    from lmsys.plan.shape import from_model_config
+
+    cfg = get_config("tiny")
+    assert from_model_config(cfg, name="t").attention == "naive"
+    assert from_model_config(replace(cfg, attn_impl="sdpa"), name="t").attention == "flash"
+    assert from_model_config(replace(cfg, attn_impl="flash-triton"), name="t").attention == "flash"
+    assert from_model_config(replace(cfg, attn_impl="compiled"), name="t").attention == "materialized"
+
+
+def test_optimizer_and_host_terms_by_hand():
+    prec = mem.PRECISIONS["fp32"]
+    ops = ptime.OpCounts(fwd_layer=10, bwd_layer=20, recompute_layer=15, fwd_other=3, bwd_other=5, opt_base=2,
+                         opt_per_tensor=4)
+    # SMALL's tensors: per block fused QKV, output, 3 MLP matmuls, 2 norms = 7, two blocks, + embedding,
+    # final norm, head = 17; 2792 parameters
+    assert ptime.param_tensors(SMALL, mem.Layout()) == 17
+    lay = mem.Layout(checkpoint="full")
+    cpu = ptime.step_time(SMALL, lay, prec, _rates(launch_us=100.0, overlap=False, ops=ops, optimizer_GBps=2.0),
+                          gpus_per_node=1)
+    fwd, bwd, opt = (2 * 10 + 3) * 0.1, (2 * (20 + 15) + 5) * 0.1, (2 + 4 * 17) * 0.1
+    assert (cpu.parts["host fwd ms"], cpu.parts["host bwd ms"], cpu.parts["host optimizer ms"]) == \
+        pytest.approx((fwd, bwd, opt))
+    assert cpu.optimizer == pytest.approx(2792 * 28 / 2e9 * 1e3)
+    assert cpu.host == pytest.approx(fwd + bwd + opt)  # a CPU: host and device one after the other
+    gpu = ptime.step_time(SMALL, lay, prec, _rates(launch_us=100.0, ops=ops, optimizer_GBps=2.0), gpus_per_node=1)
+    # a GPU: each phase is max(device, host); the device's work here is far below the host's
+    dev_fwd = 2 * gpu.parts["fwd block ms"] + gpu.parts["head ms"] / 3 + (gpu.compute - 2 * (
+        gpu.parts["fwd block ms"] + gpu.parts["bwd block ms"]) - gpu.parts["head ms"]) / 3
+    assert gpu.host == pytest.approx(fwd + bwd + opt - gpu.compute - gpu.recompute - gpu.optimizer)
+    assert gpu.total == pytest.approx(fwd + bwd + opt)
+    assert 0 < dev_fwd < fwd
+    # a device-bound step: no host term at all
+    slow = ptime.step_time(SMALL, lay, prec, _rates(matmul_tflops=1e-6, launch_us=100.0, ops=ops,
+                                                    optimizer_GBps=1e-4), gpus_per_node=1)
+    assert slow.host == 0.0
+
+
 # ------------------------------------------------------------------------------------------- search
 
 def _cluster(gpus, name="H100 SXM"):
@@ -246,7 +380,7 @@ def test_plan_train_cli(lmsys, tmp_path):
     assert out["meta"]["MFU peak"] == "H100 SXM dense bf16 989.5 TFLOP/s"
     for row in rows:
         parts = sum(row[k] for k in ("compute ms", "recompute ms", "tp comm ms", "pp comm ms", "dp comm ms",
-                                     "bubble ms", "optimizer ms"))
+                                     "bubble ms", "optimizer ms", "host ms"))
         assert row["step ms"] == pytest.approx(parts)
     r = lmsys("plan", "train", "--size", "tiny", "--gpu", "V100", "--format", "json")
     assert r.code == 2 and "unknown GPU 'V100'; known: B200" in r.err
@@ -258,6 +392,31 @@ def test_plan_train_cli(lmsys, tmp_path):
               "--global-batch", "16", "--format", "json")
     assert r.code == 0, r.err
     assert {row["mesh"] for row in json.loads(r.out)["rows"]} == {"dp16 tp1 pp1"}
+
+
+def test_plan_train_terminal_view_groups_columns_and_files_keep_them(lmsys):
+    import io
+    import json
+
+    from lmsys.core.results import Report, print_rich, to_csv
+    from lmsys.plan.train import GROUPS, plan_train
+
+    rows, meta, _, notes = plan_train(size="small", gpus=4, gpu="H100", global_batch=8, top=2)
+    report = Report("plan train", rows, meta, notes, groups=GROUPS)
+    cols, shown = report.terminal_view()
+    assert len(report.columns) == 24 and len(cols) == 24 - 2 - 6 - 8 + 3
+    assert cols.index("memory GiB (w/g/o/a/b/free)") == report.columns.index("weights GiB") - 1  # mb/size took 2
+    parts = shown[0]["ms (comp/recomp/tp/pp/dp/bubble/opt/host)"].split("/")
+    assert [float(p) for p in parts] == pytest.approx([rows[0][k] for k in GROUPS[2][1]], rel=5e-3, abs=1e-3)
+    buf = io.StringIO()
+    print_rich(report, file=buf)
+    assert "memory GiB (w/g/o/a/b/free)" in buf.getvalue() and "weights GiB" not in buf.getvalue()
+    header = next(line for line in to_csv(report).splitlines() if line.startswith("mesh"))
+    assert header.count("GiB") == 6  # files keep a column each
+    plain = Report("other", [{"a": 1.0, "b": 2.0}], groups=[("a/c", ("a", "c"))])  # a group missing a column
+    assert plain.terminal_view()[0] == ["a", "b"]
+    r = lmsys("plan", "train", "--size", "small", "--gpus", "4", "--gpu", "H100", "--top", "1", "--format", "json")
+    assert "weights GiB" in json.loads(r.out)["rows"][0]
 
 
 def test_help_does_not_import_torch():
@@ -288,6 +447,10 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     flops = sum(row["TFLOP/s"] * row["ms"] for row in matmuls)
     assert prof["matmul_tflops"]["fp32"] == pytest.approx(flops / sum(row["ms"] for row in matmuls), rel=1e-9)
     assert prof["hbm_GBps"] > 0 and prof["attention_tflops"]["fp32"] > 0
+    assert prof["elementwise_GBps"] > 0 and prof["optimizer_GBps"] > 0 and prof["host_overlap"] is False
+    host = next(row for row in rows if row["what"] == "host, per dispatched op")
+    assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
+    assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
               "--warmup", "0", "--steps", "1", "--format", "json")
     assert r.code == 0, r.err
@@ -299,6 +462,34 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
     assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+
+
+def test_host_op_counts_predict_a_deeper_model():
+    # counted on 1 and 2 blocks, the per-block and fixed parts give a 3-block step's count exactly
+    import torch
+
+    from lmsys.plan import calibrate as cal
+
+    shape = load_shape("tiny")
+    ops, _ = cal.host_ops(shape, device=torch.device("cpu"), dtype="fp32")
+    counts = {}
+    for checkpoint in ("none", "block"):
+        step, inputs, targets = cal._tiny_step(shape, layers=3, checkpoint=checkpoint, device=torch.device("cpu"),
+                                               dtype="fp32")
+        tensors = sum(1 for _ in step.model.parameters())
+        for _ in range(2):
+            step.zero_grad()
+            with cal._Count() as fwd:
+                loss = step.forward(inputs, targets)
+            with cal._Count() as bwd:
+                step.backward(loss)
+            with cal._Count() as opt:
+                step.optimizer_step()
+        counts[checkpoint] = (fwd.n, bwd.n, opt.n)
+    assert counts["none"] == (3 * ops["fwd_layer"] + ops["fwd_other"], 3 * ops["bwd_layer"] + ops["bwd_other"],
+                              ops["opt_base"] + ops["opt_per_tensor"] * tensors)
+    assert counts["block"][1] == 3 * (ops["bwd_layer"] + ops["recompute_layer"]) + ops["bwd_other"]
+    assert ptime.param_tensors(replace(shape, layers=3), mem.Layout()) == tensors  # the planner's count
 
 
 @pytest.mark.parametrize("args, message", [

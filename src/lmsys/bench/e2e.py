@@ -165,16 +165,17 @@ def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: 
 
 
 def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: int, steps: int, device,
-            compare: bool = False) -> Iterator[dict]:
+            compare: bool = False, peak_tflops: float | None = None) -> Iterator[dict]:
     """Yield rows per (workload, path, mode). With `compare`, the plain references run first, once per
-    model configuration (checkpoint policies share them), and lmsys rows carry the speed-ups."""
+    model configuration (checkpoint policies share them), and lmsys rows carry the speed-ups.
+    `peak_tflops`: the peak MFU divides by (default: the GPU table's; a GPU it lacks: no MFU)."""
     from lmsys.train.build import count_parameters
 
     show_checkpoint = any(w.checkpoint != "none" for _, w in workloads)
     references: dict = {}  # (name, config, batch, dtype) -> reference rows
     for name, workload in workloads:
         params = count_parameters(workload.config)
-        measure = dict(modes=modes, warmup=warmup, steps=steps, device=device)
+        measure = dict(modes=modes, warmup=warmup, steps=steps, device=device, peak_tflops=peak_tflops)
         group: list[dict] = []
         ref_key = (name, workload.config, workload.batch_size, workload.dtype)
         if compare and ref_key not in references:
@@ -220,16 +221,19 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
     return rows
 
 
-def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device):
-    from lmsys.core.devices import peak_memory, peak_tflops, reset_peak_memory
+def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device, peak_tflops=None):
+    from lmsys.core.devices import peak_memory, reset_peak_memory
+    from lmsys.core.devices import peak_tflops as _peak
     from lmsys.train.build import build_train_step, tf32_matmuls
+
+    given_peak, peak_tflops = peak_tflops, _peak
     from lmsys.train.step import random_batch, run_step
 
     cfg = workload.config
     with tf32_matmuls(workload.tf32):
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
-        peak = peak_tflops(device, workload.dtype, tf32=workload.tf32)
+        peak = peak_tflops(device, workload.dtype, tf32=workload.tf32, given=given_peak)
         for mode in modes:
             progress.plan_steps(warmup + steps, f"{mode} steps")
             for _ in range(warmup):

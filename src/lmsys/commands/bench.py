@@ -27,6 +27,7 @@ def e2e(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
     dtype: DtypeOpt = "fp32",
+    peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="Dense peak TFLOP/s per GPU that MFU divides by, for a GPU lmsys.core.hardware's table does not know (default: the table's for --dtype; unknown GPU: no MFU).")] = None,
     attn: Annotated[Optional[str], typer.Option("--impl", "--attn", help="Attention implementation (--attn: the former name): " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
     compile_blocks: Annotated[bool, typer.Option("--compile-blocks", metavar="", help="torch.compile each Transformer block (compiles once, fast to start).")] = False,
@@ -56,6 +57,9 @@ def e2e(
 
     list_if_asked(model=model)
     check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
+    from lmsys.core.hardware import check_peak
+
+    check_peak(peak_tflops)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
@@ -91,9 +95,10 @@ def e2e(
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     e2e.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
     per_workload = len(modes) * (3 if compare else 1)
-    rows = list(track(e2e.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare),
+    rows = list(track(e2e.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare,
+                                  peak_tflops=peak_tflops),
                       total=len(workloads) * per_workload, description="bench e2e"))
-    meta, notes = e2e.describe_run(environment(dev), configs, workloads, warmup=warmup, steps=steps, compare=compare)
+    meta, notes = e2e.describe_run(environment(dev, peak_tflops=peak_tflops), configs, workloads, warmup=warmup, steps=steps, compare=compare)
     emit(Report("bench e2e", rows, meta, notes), format, output)
 
 @app.command("attention")

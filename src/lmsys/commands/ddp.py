@@ -31,6 +31,7 @@ def train(
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per rank per step.")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
     dtype: DtypeOpt = "fp32",
+    peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="Dense peak TFLOP/s per GPU that MFU divides by, for a GPU lmsys.core.hardware's table does not know (default: the table's for --dtype; unknown GPU: no MFU).")] = None,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps per strategy.")] = 10,
     warmup: Annotated[int, typer.Option(help="Untimed steps before them (they train too: parity covers all).")] = 3,
     world_size: Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4): one torchrun job and one report each. Default 2 (under torchrun: its WORLD_SIZE).")] = None,
@@ -54,6 +55,9 @@ def train(
     list_if_asked(strategy=strategy, model=model)
     baseline = single_process if baseline is None else baseline
     check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
+    from lmsys.core.hardware import check_peak
+
+    check_peak(peak_tflops)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
     model = check_model(model) if model else None
     kwargs_json = parse_model_kwargs(model_kwargs)
@@ -83,7 +87,7 @@ def train(
                                               model=model, model_kwargs=kwargs_json)
     kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline,
-                  model=model, model_kwargs=kwargs_json)
+                  model=model, model_kwargs=kwargs_json, peak_tflops=peak_tflops)
     reports = []
     for n in world_sizes:  # one torchrun job and one report per world size
         result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend,

@@ -28,6 +28,7 @@ def train(
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per data-parallel rank per step (split into the microbatches).")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length. Default: 512 with nccl, 128 with gloo.")] = None,
     dtype: DtypeOpt = "fp32",
+    peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="Dense peak TFLOP/s per GPU that MFU divides by, for a GPU lmsys.core.hardware's table does not know (default: the table's for --dtype; unknown GPU: no MFU).")] = None,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps per mesh.")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed steps before them (they train too: parity covers all).")] = 2,
     world_size: Annotated[Optional[int], typer.Option(help="Processes (default: the first mesh's size; under torchrun its WORLD_SIZE).")] = None,
@@ -44,6 +45,9 @@ def train(
     from lmsys.model.config import get_config
 
     check_render_options(format, output, dtype=dtype, quiet=quiet)  # before torch is imported
+    from lmsys.core.hardware import check_peak
+
+    check_peak(peak_tflops)
     check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), microbatches=(microbatches, 1),
                  virtual_stages=(virtual_stages, 1))
     check_one_size(size, command="parallel train", why="one model per run")
@@ -80,7 +84,8 @@ def train(
     kwargs = dict(meshes=[s.label for s in specs], impls=impls, dp_strategy=dp_strategy,
                   sequence_parallel=sequence_parallel, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
                   microbatches=microbatches, size=size, context_length=context_length, batch_size=batch_size,
-                  dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint)
+                  dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint,
+                  peak_tflops=peak_tflops)
     result = run_on_ranks("lmsys.distributed.parallel_train:parallel_job", kwargs, world_size=n, backend=backend,
                           description="parallel train")
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints

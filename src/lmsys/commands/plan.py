@@ -41,6 +41,9 @@ def train(
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
     check_counts(top=(top, 1))
+    from lmsys.core.hardware import check_peak
+
+    check_peak(peak_tflops)
     given = dict(gpus=gpus, gpus_per_node=gpus_per_node, context_length=context_length, global_batch=global_batch,
                  global_batch_tokens=global_batch_tokens)
     check_counts(**{name: (value, 1) for name, value in given.items() if value is not None})
@@ -57,7 +60,9 @@ def train(
 
         plot_plans(plans, plot, title=f"{meta['model'].split(':')[0]} on {meta['cluster'].split(',')[0]}")
         notes.append(f"Plot written to {plot}.")
-    emit(Report("plan train", rows, meta, notes), format, output)
+    from lmsys.plan.train import GROUPS
+
+    emit(Report("plan train", rows, meta, notes, groups=GROUPS), format, output)
 
 
 @app.command("calibrate")

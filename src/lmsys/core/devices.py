@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import platform
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
@@ -58,9 +59,12 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def environment(device) -> dict[str, Any]:
-    """The facts printed at the top of every benchmark."""
+def environment(device, *, peak_tflops: float | None = None) -> dict[str, Any]:
+    """The facts printed at the top of every benchmark; `peak_tflops`: the peak a --peak-tflops gave
+    (default: the one `given_peak` set, if any)."""
     import torch
+
+    peak_tflops = _GIVEN_PEAK[-1] if peak_tflops is None else peak_tflops
 
     info: dict[str, Any] = {"device": f"{device.type}: {device_name(device)}"}
     if device.type == "cuda":
@@ -75,7 +79,9 @@ def environment(device) -> dict[str, Any]:
     info["python"] = platform.python_version()
     if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         info["tf32"] = "on (fp32 matmuls use TF32 tensor cores)"
-    if device.type == "cuda":
+    if peak_tflops is not None:
+        info["MFU peak"] = f"{peak_tflops:g} TFLOP/s dense per device (--peak-tflops)"
+    elif device.type == "cuda":
         info["MFU peak"] = peak_rates(device_name(device))
     return info
 
@@ -86,7 +92,8 @@ def peak_rates(name: str) -> str:
 
     gpu = find_gpu(name)
     if gpu is None:
-        return "GPU not in lmsys.core.hardware's table: no MFU"
+        return (f"{name} is not in lmsys.core.hardware's table: MFU left empty (give its dense peak with "
+                "--peak-tflops X)")
     rates = ", ".join(f"{d} {gpu.peak(d):g}" for d in ("bf16", "fp16", "tf32", "fp32") if gpu.peak(d))
     return f"{gpu.name}, dense TFLOP/s {rates} ({gpu.sources['compute']})"
 
@@ -124,10 +131,27 @@ def peak_label(device, dtype: str, *, tf32: bool | None = None) -> str | None:
     return label(gpu.name, rate, gpu.peak(rate))
 
 
-def peak_tflops(device, dtype: str, *, tf32: bool | None = None) -> float | None:
-    """Peak dense TFLOP/s for MFU on `device`; `tf32` defaults to torch's current matmul setting."""
+_GIVEN_PEAK: list = [None]
+
+
+@contextmanager
+def given_peak(tflops: float | None) -> Iterator[None]:
+    """Inside it, `peak_tflops` and `environment` use `tflops` (a --peak-tflops a rank job received)."""
+    _GIVEN_PEAK.append(tflops)
+    try:
+        yield
+    finally:
+        _GIVEN_PEAK.pop()
+
+
+def peak_tflops(device, dtype: str, *, tf32: bool | None = None, given: float | None = None) -> float | None:
+    """Peak dense TFLOP/s for MFU on `device` (every MFU in lmsys divides by this): `given` (a
+    --peak-tflops) if any, else lmsys.core.hardware's table; `tf32` defaults to torch's matmul setting."""
     import torch
 
+    given = _GIVEN_PEAK[-1] if given is None else given
+    if given is not None:
+        return given
     if tf32 is None:
         tf32 = torch.backends.cuda.matmul.allow_tf32
     return peak_tflops_for(gpu_name(device), dtype, tf32=tf32)

@@ -131,6 +131,13 @@ def mfu_peak(device_name: str | None, dtype: str, *, tf32: bool = False,
     return peak, peak_label(gpu.name, rate_dtype, peak)
 
 
+def check_peak(tflops: float | None, *, option: str = "--peak-tflops") -> float | None:
+    """A peak given on the command line: positive and finite, else a one-line error."""
+    if tflops is not None and not 0 < tflops < float("inf"):
+        raise LmsysError(f"{option} must be a positive number of TFLOP/s, got {tflops:g}")
+    return tflops
+
+
 def peak_label(part: str, dtype: str, tflops: float) -> str:
     return f"{part} dense {dtype} {tflops:g} TFLOP/s"
 

@@ -43,6 +43,9 @@ class Report:
     rows: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)  # what makes the run reproducible
     notes: list[str] = field(default_factory=list)
+    # On the terminal only: (heading, columns) shown as one column of 'a/b/c' cells where the first of
+    # them stands (a wide table stays readable); Markdown, CSV and JSON keep every column.
+    groups: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -50,6 +53,19 @@ class Report:
         for row in self.rows:
             cols.update(dict.fromkeys(row))
         return list(cols)
+
+    def terminal_view(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """(columns, rows) with each group's columns joined into one (groups whose columns are absent skip)."""
+        cols, rows = self.columns, [dict(r) for r in self.rows]
+        for heading, members in self.groups:
+            if not all(m in cols for m in members):
+                continue
+            at = cols.index(members[0])
+            cols = [c for c in cols if c not in members]
+            cols.insert(at, heading)
+            for row in rows:
+                row[heading] = "/".join(_short(row.get(m)) for m in members)
+        return cols, rows
 
 
 def _fmt(value: Any) -> str:
@@ -79,6 +95,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def _short(value: Any) -> str:
+    """A grouped cell's part: 3 significant digits for floats."""
+    if isinstance(value, float) and not isinstance(value, bool) and math.isfinite(value):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return _fmt(value)
 
 
 def _plain(value: Any) -> Any:
@@ -181,11 +204,12 @@ def print_rich(report: Report, file=None) -> None:
     for key, value in report.meta.items():
         console.print(f"[dim]{key}:[/dim] {escape(_fmt(value))}", highlight=False, soft_wrap=True)
     table = Table(title=report.title, title_justify="left", header_style="bold")
-    cols = report.columns
+    cols, rows = report.terminal_view()
+    grouped = {heading for heading, _ in report.groups}
     for c in cols:
-        numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) for r in report.rows)
-        table.add_column(c, justify="right" if numeric else "left", no_wrap=numeric)
-    for row in report.rows:
+        numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) for r in rows)
+        table.add_column(c, justify="right" if numeric or c in grouped else "left", no_wrap=numeric or c in grouped)
+    for row in rows:
         table.add_row(*(Text(_fmt(row.get(c))) for c in cols))  # cells are text, not Rich markup: "[hf]" stays
     console.print(table)
     for note in report.notes:

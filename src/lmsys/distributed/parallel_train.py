@@ -40,7 +40,15 @@ ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "M
 COMM_DIMS = ("tp", "pp", "dp")
 
 
-def parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
+def parallel_job(ctx: RankContext, *, peak_tflops: Optional[float] = None, **kwargs) -> dict:
+    """The job on each rank; MFU divides by `peak_tflops` per GPU (a --peak-tflops) or the GPU table's."""
+    from lmsys.core.devices import given_peak
+
+    with given_peak(peak_tflops):
+        return _parallel_job(ctx, **kwargs)
+
+
+def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
                  pp_schedule: str, virtual_stages: int, microbatches: int, size: str, context_length: int,
                  batch_size: int, dtype: str, steps: int, warmup: int, checkpoint: str = "none",
                  seed: int = 0) -> dict:

@@ -83,7 +83,15 @@ class BatchSource:
         return inputs[rank * b:(rank + 1) * b], targets[rank * b:(rank + 1) * b]
 
 
-def train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: int, batch_size: int,
+def train_job(ctx: RankContext, *, peak_tflops: Optional[float] = None, **kwargs) -> dict:
+    """The job on each rank; MFU divides by `peak_tflops` per GPU (a --peak-tflops) or the GPU table's."""
+    from lmsys.core.devices import given_peak
+
+    with given_peak(peak_tflops):
+        return _train_job(ctx, **kwargs)
+
+
+def _train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length: int, batch_size: int,
               dtype: str, steps: int, warmup: int, shard_optimizer: bool, seed: int = 0,
               baseline: bool = True, model: Optional[str] = None, model_kwargs: str = "") -> dict:
     config = with_model(get_config(size).with_overrides(context_length=context_length), model, model_kwargs)

@@ -2,9 +2,12 @@
 
 Calibration times, with lmsys.core.timing's timer: the model's GEMM shapes per dtype (TFLOP/s over all of
 them), attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's naive
-attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), and on a machine with 2 or more GPUs the
-all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm allreduce`
-runs). Validation runs `bench e2e`'s library (lmsys.bench.e2e) and predicts each row with the profile.
+attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), an elementwise multiply at the model's
+activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (the ops of a training
+step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and on a machine with
+2 or more GPUs the all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm
+allreduce` runs). Validation runs `bench e2e`'s library (lmsys.bench.e2e) and predicts each row with the
+profile.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB
 from lmsys.core.timing import time_fn
+from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape
+from lmsys.plan.time import optimizer_bytes
 
 BUSBW_SIZES = (2**20, 2**23, 2**26, 2**28)
 
@@ -59,6 +64,25 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     profile["hbm_GBps"] = 2 * x.numel() * 4 / (ms * 1e-3) / 1e9  # read + write
     rows.append({"what": "memory copy", "dtype": "fp32", "shape": f"{x.numel() * 4 // MiB} MiB", "ms": ms,
                  "GB/s": profile["hbm_GBps"]})
+    del x, y
+    n = tokens * m.d_ff
+    a, b, c = (torch.randn(n, device=device) for _ in range(3))
+    ms = time_fn(lambda: torch.mul(a, b, out=c), warmup=warmup, steps=steps, device=device).median
+    profile["elementwise_GBps"] = 3 * n * 4 / (ms * 1e-3) / 1e9  # read two, write one
+    rows.append({"what": "elementwise multiply", "dtype": "fp32", "shape": f"{tokens}×{m.d_ff}", "ms": ms,
+                 "GB/s": profile["elementwise_GBps"]})
+    del a, b, c
+    ms, numel = _optimizer(device, warmup=warmup, steps=steps)
+    profile["optimizer_GBps"] = numel * optimizer_bytes(PRECISIONS["fp32"]) / (ms * 1e-3) / 1e9
+    rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
+                 "ms": ms, "GB/s": profile["optimizer_GBps"]})
+    profile["host_overlap"] = device.type == "cuda"
+    profile["launch_us"], profile["ops"] = {}, {}
+    for dtype in dtypes:
+        us, ops, total = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
+        profile["launch_us"][dtype], profile["ops"][dtype] = us, ops
+        rows.append({"what": "host, per dispatched op", "dtype": dtype, "shape": f"{total} ops a tiny step",
+                     "ms": us * total / 1e3, "µs/op": us})
     if collectives:
         profile["busbw"] = {}
         for n, points in _busbw(dtypes[-1], warmup=warmup, steps=steps).items():
@@ -66,6 +90,108 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
             rows += [{"what": f"all-reduce on {n} GPUs", "dtype": dtypes[-1], "shape": f"{size // MiB} MiB",
                       "GB/s": bw} for size, bw in points.items()]
     return profile, rows
+
+
+def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:
+    """(ms, parameters) of the AdamW step bench e2e runs here (fused on a GPU) over 16 M fp32 parameters
+    in 4 tensors, gradients set."""
+    import torch
+
+    from lmsys.train.optim import make_optimizer
+
+    numel = (16 if device.type == "cuda" else 4) * 2**20
+    params = [torch.nn.Parameter(torch.randn(numel // 4, device=device)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = make_optimizer(params, lr=1e-3, kind=_step_options(device, "fp32")["optimizer"])
+    return time_fn(opt.step, warmup=warmup, steps=steps, device=device).median, numel
+
+
+def host_ops(m: ModelShape, *, device, dtype: str) -> tuple[dict, int]:
+    """(OpCounts fields, ops of the 2-block step): the ops eager PyTorch dispatches in a training step of
+    lmsys's model (bench e2e's plain path, `m`'s attention) at a tiny width, counted with a dispatch mode
+    for 1 and 2 blocks, with and without full recomputation; the difference is one block's."""
+    counts = {}
+    for layers in (1, 2):
+        for checkpoint in ("none", "block"):
+            step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype)
+            for _ in range(2):  # the second step: the optimizer's state exists
+                step.zero_grad()
+                with _Count() as fwd:
+                    loss = step.forward(inputs, targets)
+                with _Count() as bwd:
+                    step.backward(loss)
+                with _Count() as opt:
+                    step.optimizer_step()
+            tensors = sum(1 for _ in step.model.parameters())
+            counts[layers, checkpoint] = (fwd.n, bwd.n, opt.n, tensors)
+    (f1, b1, o1, t1), (f2, b2, o2, t2) = counts[1, "none"], counts[2, "none"]
+    b2_full = counts[2, "block"][1]
+    per_tensor = (o2 - o1) / (t2 - t1)
+    ops = {"fwd_layer": f2 - f1, "bwd_layer": b2 - b1, "recompute_layer": (b2_full - b2) / 2,
+           "fwd_other": 2 * f1 - f2, "bwd_other": 2 * b1 - b2, "opt_base": o1 - per_tensor * t1,
+           "opt_per_tensor": per_tensor}
+    return ops, f2 + b2 + o2
+
+
+def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str):
+    from lmsys.bench import e2e
+    from lmsys.model.config import ModelConfig
+    from lmsys.train.build import build_train_step
+    from lmsys.train.step import random_batch
+
+    options = _step_options(device, dtype)
+    options.pop("attn_impl")
+    cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
+                      attn_impl="naive" if m.attention == "naive" else "sdpa",
+                      num_kv_heads=1 if m.kv_heads != m.heads else None)
+    (_, workload), = e2e.resolve_workloads([("tiny", cfg)], checkpoints=[checkpoint], batch_size=1, dtype=dtype,
+                                          cuda_graphs=False, **options)
+    step = build_train_step(workload, device)
+    inputs, targets = random_batch(workload, device)
+    return step, inputs, targets
+
+
+def _step_options(device, dtype: str) -> dict:
+    """bench e2e's plain path (what validate runs): naive attention, eager, AdamW (fused on a GPU)."""
+    from lmsys.bench import e2e
+
+    return e2e.step_options(device, dtype, fast=False, attn=None, compile_scope=None, optimizer="auto",
+                            master_weights=False, fused_ce="off", tf32=False)
+
+
+class _Count:
+    """Counts the ops dispatched inside the block (a TorchDispatchMode)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n = 0
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
+def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, dict, int]:
+    """(µs per dispatched op, OpCounts fields, ops a step): a 2-block training step at a tiny width, where
+    the device's work is negligible, timed and divided by the ops it dispatches."""
+    from lmsys.train.step import run_step
+
+    ops, total = host_ops(m, device=device, dtype=dtype)
+    step, inputs, targets = _tiny_step(m, layers=2, checkpoint="none", device=device, dtype=dtype)
+    ms = time_fn(lambda: run_step(step, inputs, targets), warmup=max(warmup, 2), steps=max(steps, 5),
+                 device=device).median
+    return ms * 1e3 / total, ops, total
 
 
 def _attention(m: ModelShape, *, device, dt, batch: int, warmup: int, steps: int):
@@ -127,8 +253,7 @@ def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
 
     rows: list[dict] = []
     for dtype in dtypes:
-        options = e2e.step_options(device, dtype, fast=False, attn=None, compile_scope=None, optimizer="auto",
-                                   master_weights=False, fused_ce="off", tf32=False)
+        options = _step_options(device, dtype)
         attn_impl = options.pop("attn_impl")
         for size in sizes:
             (name, cfg), = resolve_configs([size], context_length=_context(size), attn_impl=attn_impl)

@@ -1,7 +1,9 @@
 """A calibration profile: the rates `lmsys plan calibrate` measured on one machine, as YAML or JSON.
 
 Keys: device (its name), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
-({world size: {bytes: GB/s}}), latency_us, and intra_GBps / inter_GBps when known. `rates` turns a
+({world size: {bytes: GB/s}}), latency_us, and intra_GBps / inter_GBps when known; elementwise_GBps and
+optimizer_GBps, host_overlap (a GPU: true), launch_us ({dtype: µs per dispatched op}) and ops ({dtype:
+OpCounts' fields}) where calibrated (an older profile without them: the HBM rate and the defaults). `rates` turns a
 profile into the time model's Rates for one dtype. Torch-free.
 """
 
@@ -11,7 +13,7 @@ import json
 from pathlib import Path
 
 from lmsys.core.errors import LmsysError
-from lmsys.plan.time import Rates
+from lmsys.plan.time import OpCounts, Rates
 
 REQUIRED = ("device", "matmul_tflops", "attention_tflops", "hbm_GBps")
 
@@ -60,4 +62,14 @@ def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
     return Rates(matmul_tflops=float(profile["matmul_tflops"][dtype]),
                  attention_tflops=float(profile["attention_tflops"][dtype]), hbm_GBps=float(profile["hbm_GBps"]),
                  intra_GBps=intra, inter_GBps=inter, latency_us=float(profile.get("latency_us", 10.0)),
-                 source=f"calibrated on {profile['device']}", busbw=busbw)
+                 source=f"calibrated on {profile['device']}", busbw=busbw,
+                 elementwise_GBps=_number(profile.get("elementwise_GBps")),
+                 optimizer_GBps=_number(profile.get("optimizer_GBps")),
+                 launch_us=float((profile.get("launch_us") or {}).get(dtype, Rates.launch_us)),
+                 overlap=bool(profile.get("host_overlap", True)),
+                 ops=OpCounts(**{k: float(v) for k, v in ((profile.get("ops") or {}).get(dtype) or {}).items()
+                                 if k in OpCounts.__dataclass_fields__}))
+
+
+def _number(value) -> float | None:
+    return None if value is None else float(value)

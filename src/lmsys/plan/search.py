@@ -239,6 +239,7 @@ def row(plan: Plan) -> dict:
         "dp comm ms": st.dp_comm,
         "bubble ms": st.bubble,
         "optimizer ms": st.optimizer,
+        "host ms": st.host,
         "step ms": st.total,
         "MFU %": 100 * plan.mfu,
         "tokens/s/GPU": plan.tokens_per_s_per_gpu,
@@ -256,7 +257,8 @@ def plot_plans(plans: list[Plan], path, *, title: str) -> None:
     labels = [f"{r['mesh']}\nZ{plans[i].layout.zero} {r['checkpoint']}" for i, r in enumerate(rows)]
     fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(rows) * 2), 5))
     for ax, keys, unit in ((ax_mem, ("weights", "grads", "optimizer", "activations", "buffers"), "GiB"),
-                           (ax_time, ("compute", "recompute", "tp comm", "pp comm", "dp comm", "bubble", "optimizer"), "ms")):
+                           (ax_time, ("compute", "recompute", "tp comm", "pp comm", "dp comm", "bubble", "optimizer", "host"),
+                            "ms")):
         bottom = [0.0] * len(rows)
         for key in keys:
             values = [max(r[f"{key} {unit}"], 0.0) for r in rows]

@@ -109,7 +109,16 @@ def from_model_config(cfg, *, name: str) -> ModelShape:
     """An lmsys ModelConfig (SwiGLU, RMSNorm, RoPE, no biases or dropout, untied head)."""
     return ModelShape(name=name, vocab=cfg.vocab_size, d_model=cfg.d_model, d_ff=cfg.d_ff, layers=cfg.num_layers,
                       heads=cfg.num_heads, kv_heads=cfg.kv_heads, seq=cfg.context_length,
-                      attention="naive" if cfg.attn_impl in ("naive", "annotated") else "flash")
+                      attention=attention_kind(cfg.attn_impl))
+
+
+def attention_kind(attn_impl: str) -> str:
+    """How an attention implementation moves the s×s scores: lmsys's naive chain (naive, annotated), a
+    materialized score matrix with a fused softmax (torch.compile'd naive, SDPA's math backend), or a fused
+    O(s) kernel (every other: SDPA, flash, cuDNN, a user's)."""
+    if attn_impl in ("naive", "annotated"):
+        return "naive"
+    return "materialized" if attn_impl in ("compiled", "sdpa-math") else "flash"
 
 
 def gpt(name: str, *, d_model: int, layers: int, heads: int, seq: int = 2048, vocab: int = 51200) -> ModelShape:

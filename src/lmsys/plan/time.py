@@ -19,7 +19,12 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
   twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
   (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`.
-- The optimizer (AdamW) streams its state once at the HBM rate: bytes per parameter in `optimizer_bytes`.
+- The optimizer (AdamW) streams its state once: bytes per parameter in `optimizer_bytes`, at the
+  optimizer rate (calibrated: the AdamW this machine runs; else the HBM rate).
+- Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
+  `launch_us` of host time. On a GPU the host queues ahead of the device: each phase (a micro-batch's
+  forward, its backward, the optimizer) takes max(device, host), and what the host adds is the `host`
+  term. On a CPU the host is the device: the host time adds in full.
 Torch-free.
 """
 
@@ -40,6 +45,23 @@ class Efficiency:
     hbm: float = 0.8  # elementwise kernels and the optimizer's streaming
     link: float = 0.8  # NCCL busbw over the link's one-way bandwidth
     latency_us: float = 10.0  # per collective or send
+    launch_us: float = 10.0  # host time per dispatched op of eager PyTorch (Python, dispatcher, launch)
+
+
+@dataclass(frozen=True)
+class OpCounts:
+    """Ops eager PyTorch dispatches per training step, by phase: per block (forward, backward, and the
+    backward's extra with full recomputation), outside the blocks (embedding, final norm, head, loss), and
+    the optimizer (a fixed part and one per parameter tensor). The defaults are lmsys's block (naive
+    attention, fp32, counted with a dispatch mode) and a fused AdamW; `plan calibrate` counts the run's own."""
+
+    fwd_layer: float = 80
+    bwd_layer: float = 132
+    recompute_layer: float = 131
+    fwd_other: float = 19
+    bwd_other: float = 35
+    opt_base: float = 12
+    opt_per_tensor: float = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,11 @@ class Rates:
     latency_us: float
     source: str
     busbw: dict = field(default_factory=dict)  # measured {world size: {bytes: GB/s}} (a profile), else empty
+    elementwise_GBps: float | None = None  # elementwise kernels at activation sizes (None: hbm_GBps)
+    optimizer_GBps: float | None = None  # AdamW's optimizer_bytes per parameter (None: hbm_GBps)
+    launch_us: float = 10.0  # host time per dispatched op
+    overlap: bool = True  # the host queues ahead of the device (a GPU); False: one after the other (a CPU)
+    ops: OpCounts = OpCounts()
 
     def link(self, group: int, *, inter: bool, nbytes: float) -> float:
         """busbw (GB/s) of a collective over `group` GPUs, within a node or across nodes."""
@@ -83,9 +110,9 @@ def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops:
     intra = (gpu.nvlink_GBps if gpu.nvlink_gpus > 1 else gpu.pcie_GBps) / 2 * eff.link
     return Rates(matmul_tflops=peak * eff.matmul, attention_tflops=peak * eff.attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
                  intra_GBps=intra, inter_GBps=None if gpu.network_GBps is None else gpu.network_GBps * eff.link,
-                 latency_us=eff.latency_us,
+                 latency_us=eff.latency_us, launch_us=eff.launch_us,
                  source=(f"{gpu.name} table × efficiency (matmul {eff.matmul}, attention {eff.attention}, "
-                         f"HBM {eff.hbm}, links {eff.link})"))
+                         f"HBM {eff.hbm}, links {eff.link}, {eff.launch_us:g} µs an op)"))
 
 
 # ------------------------------------------------------------------------------------ per-block costs
@@ -125,20 +152,41 @@ class StepTime:
     dp_comm: float
     bubble: float
     optimizer: float
+    host: float  # host time the device does not hide (launch-bound phases; all of it on a CPU)
     flops: float  # model FLOPs of the whole step, all GPUs (MFU's numerator)
     parts: dict = field(default_factory=dict)
 
     @property
     def total(self) -> float:
         return (self.compute + self.recompute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble
-                + self.optimizer)
+                + self.optimizer + self.host)
 
 
 def optimizer_bytes(prec: Precision) -> int:
-    """AdamW's traffic per parameter: read the gradient, read and write weights, master copy (if any) and
-    both moments, zero the gradient."""
-    master = 8 if prec.optimizer == 12 else 0
-    return prec.grad + 2 * prec.weight + master + 16 + prec.grad
+    """A fused AdamW's traffic per parameter: read the gradient, read and write the fp32 parameter (the
+    master copy if there is one, then also write the 16-bit weights) and both fp32 moments; gradients are
+    set to None, not zeroed. fp32 and autocast 4 + 8 + 16 = 28 bytes, master weights 4 + 8 + 2 + 16 = 30."""
+    master = prec.optimizer == 12
+    return prec.grad + 8 + (prec.weight if master else 0) + 16
+
+
+def host_ms(m: ModelShape, lay: Layout, rates: Rates, *, tensors: int) -> tuple[float, float, float]:
+    """Host time (ms) of one micro-batch's forward and backward on a stage, and of the optimizer step
+    over `tensors` parameter tensors: dispatched ops × launch_us."""
+    ops, us = rates.ops, rates.launch_us / 1e3
+    layers = m.layers / lay.pp
+    fwd = (layers * ops.fwd_layer + ops.fwd_other) * us
+    bwd = (layers * (ops.bwd_layer + (ops.recompute_layer if lay.checkpoint == "full" else 0)) + ops.bwd_other) * us
+    return fwd, bwd, (ops.opt_base + ops.opt_per_tensor * tensors) * us
+
+
+def param_tensors(m: ModelShape, lay: Layout) -> int:
+    """Parameter tensors on the fullest stage: per block the matmuls (fused QKV and the output, as lmsys
+    and Megatron-LM keep them; 2 or 3 MLP), norms, biases; the embedding, final norm, head and positions
+    counted once."""
+    per_block = 2 + (3 if m.mlp == "swiglu" else 2)
+    per_block += 2 * (2 if m.norm == "layer" else 1) + (per_block if m.bias else 0)
+    return int(m.layers / lay.pp * per_block) + 3 + int(m.learned_positions)
 
 
 def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus_per_node: int) -> StepTime:
@@ -146,6 +194,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     tokens = s * b
     mm = rates.matmul_tflops * 1e12 / 1e3  # FLOPs per ms
     hbm = rates.hbm_GBps * 1e9 / 1e3  # bytes per ms
+    ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
+    opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
     lat = rates.latency_us / 1e3
 
     # one block, one micro-batch, one GPU
@@ -158,9 +208,9 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     else:
         attn_fwd = attn / mm
         attn_bwd = 2 * attn_fwd
-    fwd = gemm / mm + attn_fwd + (outside + core) / hbm
-    bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / hbm
-    recompute = {"none": 0.0, "selective": attn_fwd + core / hbm, "full": fwd}[lay.checkpoint]
+    fwd = gemm / mm + attn_fwd + (outside + core) / ew
+    bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew
+    recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
 
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
     tp_inter = t > gpus_per_node
@@ -178,8 +228,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     per_mb_recompute = layers * recompute
     per_mb_tp = layers * tp_block
     # the LM head and loss on the last stage, the embedding on the first
-    head = 3 * 2 * tokens * h * m.vocab / t / mm + 3 * 4 * tokens * m.vocab / t * 4 / hbm
-    embed = 3 * tokens * h * prec.act / hbm
+    head = 3 * 2 * tokens * h * m.vocab / t / mm + 3 * 4 * tokens * m.vocab / t * 4 / ew
+    embed = 3 * tokens * h * prec.act / ew
     if p == 1:
         extra = head + embed
     else:
@@ -190,12 +240,19 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         bw = rates.link(2, inter=pp_inter, nbytes=sent) * 1e9 / 1e3
         pp_mb = 2 * lay.chunks * (sent / bw + lat)
 
+    # the host: per phase max(device, host) on a GPU, device + host on a CPU; what it adds is `host`
+    tensors = param_tensors(m, lay)
+    host_fwd, host_bwd, host_opt = host_ms(m, lay, rates, tensors=tensors)
+    dev_fwd = layers * (fwd + tp_block / 2) + extra / 3
+    dev_bwd = layers * (bwd + tp_block / 2) + per_mb_recompute + 2 * extra / 3
+    host_mb = (max(0.0, host_fwd - dev_fwd) + max(0.0, host_bwd - dev_bwd)) if rates.overlap else host_fwd + host_bwd
+
     mbs = lay.microbatches
     compute = mbs * (per_mb_layers + extra)
     recompute_ms = mbs * per_mb_recompute
     tp_comm = mbs * per_mb_tp
     pp_comm = mbs * pp_mb
-    stage_mb = per_mb_layers + per_mb_recompute + per_mb_tp + pp_mb
+    stage_mb = per_mb_layers + per_mb_recompute + per_mb_tp + pp_mb + host_mb
     bubble = 0.0 if p == 1 else (p - 1) / (lay.chunks if lay.schedule == "interleaved" else 1) * stage_mb
 
     # data parallelism and the optimizer, on the fuller stage
@@ -215,12 +272,14 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         else:
             dp_comm = mbs * (max(0.0, params - fwd_mb) + max(0.0, params + grads - bwd_mb))
     shard = lay.dp if lay.zero >= 1 else 1
-    optimizer = n / shard * optimizer_bytes(prec) / hbm
+    optimizer = n / shard * optimizer_bytes(prec) / opt_rate
+    host = mbs * host_mb + (max(0.0, host_opt - optimizer) if rates.overlap else host_opt)
 
     flops = flops_per_token(m) * s * lay.global_batch
     parts = {"fwd block ms": fwd, "bwd block ms": bwd, "tp per block ms": tp_block, "head ms": head,
-             "stage ms per micro-batch": stage_mb}
-    return StepTime(compute, recompute_ms, tp_comm, pp_comm, dp_comm, bubble, optimizer, flops, parts)
+             "stage ms per micro-batch": stage_mb, "host fwd ms": host_fwd, "host bwd ms": host_bwd,
+             "host optimizer ms": host_opt, "elementwise fwd block ms": (outside + core) / ew}
+    return StepTime(compute, recompute_ms, tp_comm, pp_comm, dp_comm, bubble, optimizer, host, flops, parts)
 
 
 def mfu(st: StepTime, *, gpus: int, peak_tflops: float) -> float:

@@ -8,6 +8,15 @@ from lmsys.plan import search as srch
 from lmsys.plan.shape import load_shape
 from lmsys.plan.time import Efficiency, table_rates
 
+# plan train's terminal view: memory and time in one column each (md, csv and json keep every column)
+GROUPS = [
+    ("micro-batches/size", ("micro-batches", "micro-batch")),
+    ("memory GiB (w/g/o/a/b/free)",
+     ("weights GiB", "grads GiB", "optimizer GiB", "activations GiB", "buffers GiB", "headroom GiB")),
+    ("ms (comp/recomp/tp/pp/dp/bubble/opt/host)",
+     ("compute ms", "recompute ms", "tp comm ms", "pp comm ms", "dp comm ms", "bubble ms", "optimizer ms", "host ms")),
+]
+
 NOTES = [
     "Memory per GPU on its fullest pipeline stage; headroom = the datasheet's GB - (1 GiB + 5 %) reserve "
     "(CUDA context, NCCL, fragmentation) - the rest. Activations per Korthikanti et al. 2022, counted tensor "
@@ -15,6 +24,9 @@ NOTES = [
     "Step time on the slowest GPU; comm = what is not hidden under compute (tensor and pipeline "
     "communication never are); bubble (p-1)/(m+p-1) of a pipeline step (÷ chunks interleaved).",
     "MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype.",
+    "host: launch time the device does not hide (docs/plan.md). On the terminal, memory GiB (w/g/o/a/b/free) = "
+    "weights/gradients/optimizer/activations/buffers/headroom and ms (comp/recomp/tp/pp/dp/bubble/opt/host) = "
+    "compute/recompute/exposed tp, pp, dp communication/bubble/optimizer/host; md, csv and json keep a column each.",
 ]
 
 
