@@ -147,3 +147,16 @@ def test_precision_command(lmsys):
     assert abs(results["fp16"] - 10.0) > 0.01  # fp16 accumulation drifts
     assert abs(results["fp32 accumulator, fp16 addend"] - 10.0) < abs(results["fp16"] - 10.0)
     assert results["bf16"] == 4.0  # stalls once 0.01 is below half an ulp
+
+
+def test_e2e_honours_a_yaml_attn_impl_and_the_command_line_overrides_it(lmsys, tmp_path):
+    """A model YAML's attn_impl runs (it was validated but replaced by naive); --impl still wins."""
+    yaml = tmp_path / "m.yaml"
+    yaml.write_text("preset: tiny\nnum_layers: 1\nattn_impl: sdpa\n")
+    r = lmsys("bench", "e2e", "--size", str(yaml), *FAST, "-f", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["meta"]["lmsys path"].startswith("attention sdpa") and doc["rows"][0]["status"] == "ok"
+    r = lmsys("bench", "e2e", "--size", str(yaml), "--impl", "naive", *FAST, "-f", "json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["meta"]["lmsys path"].startswith("attention naive")

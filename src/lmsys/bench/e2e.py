@@ -93,7 +93,8 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
     sm_carveout: SMs the backward's matmuls leave to the in-backward updates (None: all SMs to both)."""
     choose(fused_ce, ("auto", "on", "off"), what="--fused-ce")
     choose(optimizer, ("auto", "adamw", "adamw-fused"), what="--optimizer")
-    options = fast_path(device, dtype) if fast else {"attn_impl": "naive", "compile": "none"}
+    # attn_impl None: each config's own (a preset's naive, or what its YAML says)
+    options = fast_path(device, dtype) if fast else {"attn_impl": None, "compile": "none"}
     if attn is not None:
         options["attn_impl"] = attn
     if compile_scope is not None:

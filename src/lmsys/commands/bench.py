@@ -84,13 +84,16 @@ def e2e(
                                optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
                                optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
                                sm_carveout=sm_carveout)
-    check_attention_impl(options["attn_impl"], dev)
+    if options["attn_impl"] is not None:
+        check_attention_impl(options["attn_impl"], dev)
     if options.get("master_weights"):
         require_triton("--master-weights (a fused Triton AdamW)")
     sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
     configs = resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
                               d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
                               model=model, model_kwargs=kwargs_json)
+    for _, cfg in configs:  # a YAML's own attn_impl, checked as --impl is
+        check_attention_impl(cfg.attn_impl, dev)
     workloads = e2e.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                       batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
     e2e.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)

@@ -51,7 +51,7 @@ def _check_model(model: Optional[str], model_kwargs: Optional[str]) -> tuple[Opt
     return (check_model(model) if model else None), parse_model_kwargs(model_kwargs)
 
 
-def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: str = "naive",
+def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: Optional[str] = None,
                 model: Optional[str] = None, model_kwargs: str = ""):
     from lmsys.model.config import default_size, resolve_configs
 
@@ -130,7 +130,7 @@ def nsys(
     report.check_engine(engine, dev)
     check_dtype_for_device(dtype, dev)
     name, cfg = _one_config(size, dev, context_length=context_length,
-                            attn_impl="annotated" if annotate_attention else "naive", model=model,
+                            attn_impl="annotated" if annotate_attention else None, model=model,
                             model_kwargs=kwargs_json)
     _make_out_dir(out_dir)
     run = dict(batch_size=batch_size, dtype=dtype, mode=mode)

@@ -87,14 +87,16 @@ def default_context_length(device_type: str) -> int:
 
 def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | None = None,
                     d_model: int | None = None, d_ff: int | None = None, layers: int | None = None,
-                    heads: int | None = None, attn_impl: str = "naive", model: str | None = None,
+                    heads: int | None = None, attn_impl: str | None = None, model: str | None = None,
                     model_kwargs: str = "") -> list[tuple[str, ModelConfig]]:
     """Preset names (or YAML files) with the command-line overrides applied; all validated up front.
+    `attn_impl`: None keeps each config's own (a preset's naive, or what its YAML says).
     `model`: lmsys.model.user's name (lmsys, hf:NAME, pkg.module:Name), built with the preset's sizes."""
     from lmsys.kernels.attention import check_impl
     from lmsys.model.user import check_builds, with_model
 
-    check_impl(attn_impl)
+    if attn_impl is not None:
+        check_impl(attn_impl)
     if context_length < 1:
         raise LmsysError(f"--context-length must be >= 1, got {context_length}")
     out = []
@@ -103,7 +105,8 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
             d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab_size,
             context_length=context_length,
         )
-        cfg = with_model(cfg.with_overrides(attn_impl=check_impl(attn_impl, d_head=cfg.d_head)), model, model_kwargs)
+        impl = cfg.attn_impl if attn_impl is None else attn_impl
+        cfg = with_model(cfg.with_overrides(attn_impl=check_impl(impl, d_head=cfg.d_head)), model, model_kwargs)
         check_builds(cfg)
         out.append((name, cfg))
     return out
