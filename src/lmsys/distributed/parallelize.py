@@ -15,7 +15,6 @@ the block as before. Compile is not applied.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -42,7 +41,7 @@ class ParallelModel:
         return (self.dp if isinstance(self.dp, FSDP) else self.stage).parameters()
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
-                   device=None, timer=None, measure_activations: bool = True) -> StepResult:
+                   device=None, timer, measure_activations: bool = True) -> StepResult:
         """One step's forward and backward; the gradients averaged over dp. `timer` (a RegionTimer) gets
         the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (the wait for
         the gradient sync after the last backward)."""
@@ -55,14 +54,14 @@ class ParallelModel:
             hook = _SyncBefore(self.dp, self.last_backward)
         else:
             actions, hook = self.actions, None
-        with timed_collectives(timer) if timer is not None else nullcontext():
+        with timed_collectives(timer):
             result = run_schedule(self.stage, _watch(actions, hook), inputs=list(mb_in), targets=list(mb_tg),
                                   pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
                                   group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
                                   autocast=autocast, device=device, timer=timer,
                                   measure_activations=measure_activations)
         if self.dp is not None:
-            with timer.region("dp") if timer is not None else nullcontext():
+            with timer.region("dp"):
                 self.dp.finish_gradient_synchronization()
         return result
 

@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -153,8 +153,6 @@ def ideal_bubble(kind: str, *, pp: int, microbatches: int, virtual_stages: int =
 @dataclass
 class StepResult:
     loss: torch.Tensor | None  # mean over microbatches (last stage only)
-    busy_s: float | None = 0.0  # forward + backward compute (None: not measured)
-    wall_s: float = 0.0
     peak_activation_bytes: int | None = 0
     peak_in_flight: int = 0
     sends: list = field(default_factory=list)
@@ -162,10 +160,10 @@ class StepResult:
 
 def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], targets: list[torch.Tensor],
                  pp_ranks: list[int], pp_rank: int, group, act_shape: tuple[int, ...], autocast=None,
-                 device=None, timer=None, measure_activations: bool = True) -> StepResult:
+                 device=None, timer, measure_activations: bool = True) -> StepResult:
     """Run `actions` for this rank. inputs/targets: per-microbatch [b, S] tensors; act_shape: the
-    activation one microbatch sends ([b, S or S/tp, D]). `timer` (a core.timing.RegionTimer, else
-    the host clock): regions "compute" around each forward / backward and "pp" around each wait on a
+    activation one microbatch sends ([b, S or S/tp, D]). `timer` (a core.timing.RegionTimer):
+    regions "compute" around each forward / backward and "pp" around each wait on a
     recv and the final wait on the sends; nothing synchronises the device. `measure_activations`:
     count the bytes autograd saves (a hook on every saved tensor: leave it off in timed steps)."""
     pp, V, M = len(pp_ranks), len(stage.chunks), len(inputs)
@@ -178,7 +176,7 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
     losses = []
     res = StepResult(loss=None, peak_activation_bytes=0 if measure_activations else None)
     current = [0]
-    region = timer.region if timer is not None else _host_region(res)
+    region = timer.region
 
     def pack(t):
         if t.data_ptr() not in params:
@@ -188,7 +186,7 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
     def saved():
         if measure_activations:
             return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        return _null()
+        return nullcontext()
 
     def tag(vstage: int, m: int, grad: bool) -> int:
         return (vstage * M + m) * 2 + int(grad)
@@ -204,14 +202,13 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
         x = x.detach().float().contiguous()
         res.sends.append((dist.isend(x, dst=pp_ranks[dst_rank], group=group, tag=t), x))
 
-    start = time.perf_counter()
     for op, c, m in actions:
         s = c * pp + pp_rank  # virtual stage
         last = s == pp * V - 1
         if op == "F":
             x = inputs[m] if s == 0 else recv((pp_rank - 1) % pp, tag(s, m, False)).requires_grad_()
             current[0] = 0
-            with region("compute"), saved(), (autocast() if autocast else _null()):
+            with region("compute"), saved(), (autocast() if autocast else nullcontext()):
                 y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
             held[(c, m)] = (x, y)
             res.peak_in_flight = max(res.peak_in_flight, len(held))
@@ -237,33 +234,6 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
             for work, _ in res.sends:
                 work.wait()
     res.sends = []
-    res.wall_s = time.perf_counter() - start
     if losses:
         res.loss = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
-    if timer is not None:
-        res.busy_s = None  # the caller reads timer.samples("compute") once the device is done
     return res
-
-
-def _host_region(res: StepResult):
-    """Without a timer: the host clock, the "compute" regions summed into res.busy_s (exact on a CPU)."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def region(name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if name == "compute":
-                res.busy_s += time.perf_counter() - t0
-
-    return region
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

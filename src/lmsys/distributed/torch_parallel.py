@@ -20,7 +20,7 @@ Limits: key/value heads must split over tp (no replicated k/v); no weight tying.
 
 from __future__ import annotations
 
-import time
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -202,13 +202,12 @@ class TorchParallelModel:
                    measure_activations: bool = False) -> StepResult:
         """`timer` and `measure_activations` are ParallelModel's; torch's collectives and schedules run
         inside DTensor and torch.distributed.pipelining, out of their reach (no comm or bubble columns)."""
-        start = time.perf_counter()
-        with autocast() if autocast else _null():
+        with autocast() if autocast else nullcontext():
             if self.schedule is not None:
                 loss = self._pipeline_step(inputs, targets)
             else:
                 loss = self._accumulate(inputs, targets, microbatches)
-        return StepResult(loss=loss, busy_s=None, wall_s=time.perf_counter() - start, peak_activation_bytes=None)
+        return StepResult(loss=loss, peak_activation_bytes=None)
 
     def _pipeline_step(self, inputs, targets):
         first = self.mesh.coord("pp") == 0
@@ -224,7 +223,7 @@ class TorchParallelModel:
         module = self.modules[0]
         total = 0.0
         for m, (x, t) in enumerate(zip(inputs.chunk(microbatches), targets.chunk(microbatches))):
-            with loss_parallel() if self.loss_parallel else _null():
+            with loss_parallel() if self.loss_parallel else nullcontext():
                 logits = module(x)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), t.flatten()) / microbatches
                 loss.backward()
@@ -260,11 +259,3 @@ class TorchParallelModel:
 
 def local_numel(p) -> int:
     return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -193,7 +193,6 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     s, b, h, t, p = m.seq, lay.micro_batch, m.d_model, lay.tp, lay.pp
     tokens = s * b
     mm = rates.matmul_tflops * 1e12 / 1e3  # FLOPs per ms
-    hbm = rates.hbm_GBps * 1e9 / 1e3  # bytes per ms
     ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
     opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
     lat = rates.latency_us / 1e3
