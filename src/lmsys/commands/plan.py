@@ -100,14 +100,10 @@ def calibrate(
     dtypes = dtypes or (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
     for d in dtypes:
         check_dtype_for_device(d, dev)
-    import torch
-
-    collectives = dev.type == "cuda" and torch.cuda.device_count() >= 2
-    prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps,
-                     collectives=collectives)
+    prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
     save_profile(prof, profile)
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
-    if not collectives:
+    if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
     emit(Report("plan calibrate", rows, {**environment(dev), "model": shape.describe()}, notes), format, output)
 

@@ -31,9 +31,13 @@ def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]
 
 
 def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
-              collectives: bool) -> tuple[dict, list[dict]]:
-    """(profile, rows): the rates the time model uses, and one row per measurement."""
+              collectives: bool | None = None) -> tuple[dict, list[dict]]:
+    """(profile, rows): the rates the time model uses, and one row per measurement. `collectives`: also
+    the all-reduce busbw (None: where 2 or more GPUs are visible); the profile has "busbw" when measured."""
     import torch
+
+    if collectives is None:
+        collectives = torch.device(device).type == "cuda" and torch.cuda.device_count() >= 2
 
     from lmsys.core.devices import device_name, torch_dtype
 
