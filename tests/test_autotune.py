@@ -216,3 +216,29 @@ def test_a_candidate_that_fails_is_passed_over(timer, monkeypatch):
     with pytest.raises(RuntimeError, match="out of resources"):
         tuner.choose(("j",), [FAST, FAST], _never)
     assert set(json.loads(tuner.path().read_text())["entries"]) == {"k"}
+
+
+def test_candidates_compile_together_before_timing_and_only_then(timer, monkeypatch):
+    """The shortlist is compiled inside Triton's async compile mode (threads) before the first timing; a
+    compile that fails is left for the timing to pass over; nothing compiles when no timing is needed (one
+    candidate, a choice on disk or in memory) or with LMSYS_TUNE_COMPILE_THREADS=0."""
+    from triton.runtime import _async_compile
+
+    events = []
+
+    def compile_one(config):
+        assert _async_compile.active_mode.get() is not None  # Triton's compiles go to the thread pool
+        events.append(("compile", config))
+        if config is SLOW:
+            raise RuntimeError("ptxas failed")
+
+    tuner = _tuner()
+    assert tuner.choose(("k",), [SLOW, FAST], _never, compile_one) is FAST
+    assert events == [("compile", SLOW), ("compile", FAST)] and timer == [SLOW, FAST]
+    assert _async_compile.active_mode.get() is None
+    tuner.memory.clear()
+    assert tuner.choose(("k",), [SLOW, FAST], _never, compile_one) is FAST  # from the disk
+    assert tuner.choose(("j",), [FAST], _never, compile_one) is FAST  # the only one
+    assert len(events) == 2
+    monkeypatch.setenv("LMSYS_TUNE_COMPILE_THREADS", "0")
+    assert tuner.choose(("i",), [SLOW, FAST], _never, compile_one) is FAST and len(events) == 2

@@ -117,7 +117,7 @@ def test_first_call_probe_runs_on_the_cpu(tmp_path):
     """scripts/gpu/first_call.sh's probe under Triton's interpreter at a tiny shape: a cold and a warm-disk
     process per impl, each row the import and the first fwd+bwd at each length, in seconds."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "DEVICE": "cpu", "DTYPE": "float32", "DS": "16", "HEADS": "2",
-           "SEQS": "40 45", "IMPLS": "sdpa flash-triton", "PARTS": "probe", "OUT": str(tmp_path)}
+           "SEQS": "40 45", "IMPLS": "sdpa flash-triton flash-triton-tl-serial", "PARTS": "probe", "OUT": str(tmp_path)}
     proc = subprocess.run(["bash", "scripts/gpu/first_call.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -125,6 +125,7 @@ def test_first_call_probe_runs_on_the_cpu(tmp_path):
     assert lines[0] == ("| impl | d | process | import s | first fwd+bwd s, seq 40 | first fwd+bwd s, seq 45 |")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert [row[:3] for row in rows] == [["sdpa", "16", "cold"], ["sdpa", "16", "warm disk"],
-                                         ["flash-triton", "16", "cold"], ["flash-triton", "16", "warm disk"]]
+                                         ["flash-triton", "16", "cold"], ["flash-triton", "16", "warm disk"],
+                                         ["flash-triton-tl-serial", "16", "cold"], ["flash-triton-tl-serial", "16", "warm disk"]]
     assert all(float(c) >= 0 for row in rows for c in row[3:]) and all(len(row) == 6 for row in rows)
     assert "!! " not in proc.stdout + proc.stderr  # no command failed or was skipped

@@ -7,7 +7,11 @@
 #                torch.cuda.synchronize before and after) at each length of SEQS in turn: after the first,
 #                each is a new length in a warm process -> $OUT/first_call.md
 #                IMPLS: sdpa, flash-triton (the default policy: on an H200 the Gluon kernels at 4096, the
-#                tl ones at 4100 and 4200), flash-triton-tl (the same with gluon=false: tl kernels only)
+#                tl ones at 4100 and 4200), flash-triton-tl (the same with gluon=false: tl kernels only),
+#                flash-triton-tl-serial (the same, the tuner's candidates compiled one by one:
+#                LMSYS_TUNE_COMPILE_THREADS=0). Before any timing a process runs an unrelated matmul
+#                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS and autograd's
+#                first run are then paid by every impl alike, outside the timings
 #   leaderboard  bench attention --preset leaderboard at d 64, 128 and 80, beside cuDNN, the default policy
 #                and the tl kernels: the tuner's picks must not make a kernel slower -> $OUT/leaderboard.md
 # On a CPU: TRITON_INTERPRET=1 DEVICE=cpu DTYPE=float32 DS=16 HEADS=2 SEQS="40 45" PARTS=probe (the tests do).
@@ -16,14 +20,19 @@ set -u
 BUDGET=${BUDGET:-560}; source scripts/gpu/lib.sh
 PARTS=${PARTS:-probe leaderboard}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} HEADS=${HEADS:-16} DS=${DS:-64 128} SEQS=${SEQS:-4096 4100 4200}
-IMPLS=${IMPLS:-sdpa flash-triton flash-triton-tl}
-# argv: impl d dtype device heads process seqs...; prints one Markdown row of seconds
+IMPLS=${IMPLS:-sdpa flash-triton flash-triton-tl flash-triton-tl-serial} WARMUP=${WARMUP:-1}
+# argv: impl d dtype device heads process warmup seqs...; prints one Markdown row of seconds
 PROBE='
 import sys, time
-impl, d, dtype, device, heads, process, *seqs = sys.argv[1:]
+impl, d, dtype, device, heads, process, warmup, *seqs = sys.argv[1:]
+label, impl = impl, impl.removesuffix("-serial")
 import torch
 torch.empty(1, device=device)  # the CUDA context: not part of any timing
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+if warmup == "1":  # what any first fwd+bwd pays whatever its kernels: cuBLAS, autograd, the allocator
+    a = torch.randn(256, 256, device=device, requires_grad=True)
+    (a @ a).sum().backward()
+    sync()
 start = time.perf_counter()
 if impl.startswith("flash-triton"):
     from dataclasses import replace
@@ -35,7 +44,7 @@ else:
     import torch.nn.functional as F
     def run(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-cells = [impl, d, process, f"{time.perf_counter() - start:.2f}"]
+cells = [label, d, process, f"{time.perf_counter() - start:.2f}"]
 for n in seqs:
     q, k, v, do = (torch.randn(1, int(heads), int(n), int(d), device=device, dtype=getattr(torch, dtype))
                    for _ in range(4))
@@ -62,9 +71,11 @@ if part probe; then
   } > "$OUT/first_call.md"
   for impl in $IMPLS; do
     for d in $DS; do
+      threads=1; [ "${impl%-serial}" != "$impl" ] && threads=0
       for process in cold "warm disk"; do  # the second process finds what the first left in these dirs
         TRITON_CACHE_DIR="$CACHES/$impl-$d/triton" LMSYS_CACHE_DIR="$CACHES/$impl-$d/lmsys" T=150 \
-          X python3 "$CACHES/probe.py" "$impl" "$d" "$DTYPE" "$DEVICE" "$HEADS" "$process" $SEQS >> "$OUT/first_call.md"
+          LMSYS_TUNE_COMPILE_THREADS=$threads X python3 "$CACHES/probe.py" "$impl" "$d" "$DTYPE" "$DEVICE" \
+          "$HEADS" "$process" "$WARMUP" $SEQS >> "$OUT/first_call.md"
       done
     done
   done

@@ -536,7 +536,10 @@ def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, sh
             reset()
         fn[grid](*args, **consts, **config.all_kwargs())
 
-    config = TUNER.choose(key, shortlist, run)
+    def compile_one(config):
+        fn.warmup(*args, grid=grid, **consts, **config.all_kwargs())
+
+    config = TUNER.choose(key, shortlist, run, None if INTERPRET else compile_one)
     if reset is not None and len(shortlist) > 1:
         reset()  # after the timed runs (if any) the real one starts from zeros
     return config

@@ -5,7 +5,8 @@ caller builds (bucketed lengths: a new length in a known class reuses the choice
 untimed, else the fastest by `bench` (median of triton.testing.do_bench) on the caller's inputs. Choices
 live in memory and in one JSON file per stamp (the versions and kernel source they hold for) under
 `cache_dir()`; a file that cannot be read or parsed is ignored, and files are replaced atomically
-(concurrent writers: the last one wins). Limits: the caller resets what a timed run accumulates into; no
+(concurrent writers: the last one wins). Before timing, the candidates are compiled together on threads
+(`compile_together`: Triton's async compile mode) where the caller gives a way to compile one. Limits: the caller resets what a timed run accumulates into; no
 timing under CUDA graph capture.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import json
 import os
@@ -65,6 +67,25 @@ def _fastest(candidates: Sequence, run: Callable[[object], None]):
     return candidates[times.index(min(times))]
 
 
+def compile_together(compiles: Sequence[Callable[[], None]]) -> None:
+    """Run `compiles` (each compiles one kernel without launching it, e.g. a JITFunction's `warmup`) with
+    Triton's compile work on threads, so that what releases the GIL (ptxas, the LLVM and MLIR passes) runs
+    side by side; a compile that fails is left for the timed run to meet again (it is passed over there).
+    LMSYS_TUNE_COMPILE_THREADS=0, or a Triton without `AsyncCompileMode`, compiles nothing here."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    if len(compiles) < 2 or os.environ.get("LMSYS_TUNE_COMPILE_THREADS") == "0":
+        return
+    with ThreadPoolExecutor(len(compiles)) as pool:
+        # a failing candidate's error comes back when it is timed, and does not stop the others here
+        with contextlib.suppress(Exception), AsyncCompileMode(pool):
+            for compile_one in compiles:
+                with contextlib.suppress(Exception):
+                    compile_one()
+
+
 class Tuner:
     """Choices by key for one kernel family `name`; `stamp()` says what they hold for (versions, source)."""
 
@@ -77,9 +98,11 @@ class Tuner:
         digest = hashlib.sha256(json.dumps(self._stamp(), sort_keys=True).encode()).hexdigest()[:16]
         return cache_dir() / f"{self.name}-{digest}.json"
 
-    def choose(self, key: tuple, candidates: Sequence, run: Callable[[object], None]):
+    def choose(self, key: tuple, candidates: Sequence, run: Callable[[object], None],
+               compile_one: Callable[[object], None] | None = None):
         """The config for `key` among `candidates` (in order of preference): remembered, else the only one,
-        else the one the disk file names, else the fastest of `run(config)` timed by `bench` (then stored)."""
+        else the one the disk file names, else the fastest of `run(config)` timed by `bench` (then stored),
+        the candidates compiled together first by `compile_one(config)` when it is given."""
         chosen = self.memory.get(key)
         if chosen is not None:
             return chosen
@@ -90,6 +113,8 @@ class Tuner:
             stored = self._read().get(text)
             chosen = next((c for c in candidates if config_json(c) == stored), None)
             if chosen is None:
+                if compile_one is not None:
+                    compile_together([functools.partial(compile_one, c) for c in candidates])
                 chosen = _fastest(candidates, run)
                 self._write(text, config_json(chosen))
         self.memory[key] = chosen
