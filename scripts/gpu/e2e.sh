@@ -12,8 +12,9 @@
 #   16k       large at context 16384: the fast path (SDPA; flash-triton) with and without checkpointing
 #   baseline  --mode all over small..2.7b, fp32 and bf16, and --warmup 0/1/2/5 on small
 #   flash     the --fast decision (issue 26 item 4): --fast with sdpa, then with flash-triton (a custom op
-#             that torch.compile traces), at xl (d 64), 2.7b with 20 heads (d 128) and large with 10 heads
-#             (d 128) at context 4096
+#             that torch.compile traces), each without and with CUDA graphs, at xl (d 64), 2.7b with 20
+#             heads (d 128) and large with 10 heads (d 128) at context 4096; first bench attention at
+#             xl's attention shape (the per-call cost)
 # 16k and baseline are the issue 2/7 tables; run them with PARTS="16k baseline" when needed.
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 480 s; DRY_RUN=1 prints them). $OUT
 # gets e2e.log and one Markdown file per part, each table under the command that printed it.
@@ -53,9 +54,14 @@ if part 16k; then
   T=100 run e2e_16k.md bench e2e --size large --context-length 16384 --dtype bf16 --fast --attn flash-triton --warmup 1 --steps 3
 fi
 if part flash; then
+  # the per-call cost at the model's attention shape (xl: b4 h25 s512 d64), kernel and host together
+  T=60 run e2e_flash.md bench attention --device cuda --impl sdpa-cudnn,sdpa-flash,flash-triton --batch-size 4 \
+    --heads 25 --d-head 64 --context-length 512 --dtype bf16 --causal --warmup 10 --steps 100
   for shape in "--size xl" "--size 2.7b --heads 20" "--size large --heads 10 --context-length 4096 --batch-size 2"; do
-    for impl in sdpa flash-triton; do
-      T=100 run e2e_flash.md bench e2e $shape --dtype bf16 --fast --attn $impl --warmup 3 --steps 10
+    for graphs in "" "--cuda-graphs"; do
+      for impl in sdpa flash-triton; do
+        T=${FLASH_T:-100} run e2e_flash.md bench e2e $shape --dtype bf16 --fast $graphs --attn $impl --warmup 3 --steps 10
+      done
     done
   done
 fi
