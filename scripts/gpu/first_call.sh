@@ -12,6 +12,8 @@
 #                LMSYS_TUNE_COMPILE_THREADS=0). Before any timing a process runs an unrelated matmul
 #                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS and autograd's
 #                first run are then paid by every impl alike, outside the timings
+#   profile      cProfile of the warm-disk process's first call (sdpa and flash-triton, d 64, the first of
+#                SEQS) -> $OUT/profile-IMPL.pstats and the top 40 by cumulative time in profile-IMPL.txt
 #   leaderboard  bench attention --preset leaderboard at d 64, 128 and 80, beside cuDNN, the default policy
 #                and the tl kernels: the tuner's picks must not make a kernel slower -> $OUT/leaderboard.md
 # On a CPU: TRITON_INTERPRET=1 DEVICE=cpu DTYPE=float32 DS=16 HEADS=2 SEQS="40 45" PARTS=probe (the tests do).
@@ -81,6 +83,19 @@ if part probe; then
   done
   rm -rf "$CACHES"
   cat "$OUT/first_call.md"
+fi
+if part profile; then  # where a fresh process's first call goes: cProfile of the warm-disk process, d 64
+  CACHES=$(mktemp -d); echo "$PROBE" > "$CACHES/probe.py"
+  for impl in ${PROFILE_IMPLS:-sdpa flash-triton}; do
+    for process in cold "warm disk"; do
+      prof=(); [ "$process" = cold ] || prof=(-m cProfile -o "$OUT/profile-$impl.pstats")
+      TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" T=150 X python3 \
+        "${prof[@]}" "$CACHES/probe.py" "$impl" 64 "$DTYPE" "$DEVICE" "$HEADS" "$process" "$WARMUP" ${SEQS%% *}
+    done
+    [ -n "${DRY_RUN:-}" ] || python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumtime').print_stats(40)" \
+      "$OUT/profile-$impl.pstats" > "$OUT/profile-$impl.txt" 2>&1
+  done
+  rm -rf "$CACHES"
 fi
 if part leaderboard; then
   for d in 64 128 80; do
