@@ -323,6 +323,43 @@ def test_optimizer_and_host_terms_by_hand():
     assert slow.host == 0.0
 
 
+def test_recomputation_repeats_host_ops_and_forward_flops_by_hand():
+    # SMALL with naive attention, fp32, micro-batch 1 × 3 micro-batches, 2 blocks; 1 TFLOP/s, 100 GB/s,
+    # 0.1 ms per op on a CPU (host and device one after the other).
+    m, prec = replace(SMALL, attention="naive"), mem.PRECISIONS["fp32"]
+    ops = ptime.OpCounts(fwd_layer=10, bwd_layer=20, recompute_layer=15, recompute_core=7, fwd_other=3, bwd_other=5,
+                         opt_base=2, opt_per_tensor=4)
+    rates = _rates(launch_us=100.0, overlap=False, ops=ops, optimizer_GBps=2.0)
+    st = {c: ptime.step_time(m, mem.Layout(microbatches=3, checkpoint=c), prec, rates, gpus_per_node=1)
+          for c in ("none", "selective", "full")}
+    # host per micro-batch: forward (2·10 + 3) ops; backward (2·20 + 5), + 2·7 (selective: the attention core
+    # again), + 2·15 (full: the block's forward again); the optimizer (2 + 4·17) once per step
+    fwd, opt = 23 * 0.1, 70 * 0.1
+    for c, bwd_ops in (("none", 45), ("selective", 59), ("full", 75)):
+        assert st[c].parts["host bwd ms"] == pytest.approx(bwd_ops * 0.1)
+        assert st[c].host == pytest.approx(3 * (fwd + bwd_ops * 0.1) + opt)
+    # device, one block, one micro-batch (s 4, b 1, h 8): matmuls 2·4·576 = 4608 FLOPs, scores 4·1·4²·8 = 512;
+    # elementwise 2944 bytes outside the core, 32 B × 32 score elements in it (test_elementwise_bytes_by_hand)
+    attn_fwd, core = 512 / 1e9, 1024 / 1e8
+    block_fwd = (4608 + 512) / 1e9 + (2944 + 1024) / 1e8
+    assert st["none"].parts["fwd block ms"] == pytest.approx(block_fwd)
+    # recomputation: 1x the block's forward (full) or the core's forward (selective), per block per
+    # micro-batch, counted once: not in compute, not in MFU's model FLOPs
+    assert st["none"].recompute == 0.0
+    assert st["full"].recompute == pytest.approx(3 * 2 * block_fwd)
+    assert st["selective"].recompute == pytest.approx(3 * 2 * (attn_fwd + core))
+    for c in ("selective", "full"):
+        assert st[c].compute == pytest.approx(st["none"].compute) and st[c].flops == st["none"].flops
+        assert st[c].total - st["none"].total == pytest.approx(st[c].recompute + st[c].host - st["none"].host)
+    # data parallelism overlaps the whole backward, recomputation included: dp 2, ZeRO-0, 2792 fp32
+    # gradients all-reduced over 10 GB/s, no latency: 2 × 2792·4/2 bytes / 1e7 bytes per ms
+    block_bwd = 2 * (4608 + 512) / 1e9 + 2 * (2944 + 1024) / 1e8
+    allreduce = 2 * 2792 * 4 / 2 / 1e7
+    for c, hidden in (("none", 2 * block_bwd), ("full", 2 * (block_bwd + block_fwd))):
+        dp = ptime.step_time(m, mem.Layout(dp=2, checkpoint=c), prec, rates, gpus_per_node=2)
+        assert dp.dp_comm == pytest.approx(allreduce - hidden)
+
+
 # ------------------------------------------------------------------------------------------- search
 
 def _cluster(gpus, name="H100 SXM"):
@@ -490,6 +527,13 @@ def test_host_op_counts_predict_a_deeper_model():
                               ops["opt_base"] + ops["opt_per_tensor"] * tensors)
     assert counts["block"][1] == 3 * (ops["bwd_layer"] + ops["recompute_layer"]) + ops["bwd_other"]
     assert ptime.param_tensors(replace(shape, layers=3), mem.Layout()) == tensors  # the planner's count
+    # selective recomputation runs the attention core's forward again: at least its ops, fewer than the block's
+    from lmsys.kernels.attention import attention
+
+    q, k, v = (torch.randn(1, 2, 8, 8, requires_grad=True) for _ in range(3))
+    with cal._Count() as core:
+        attention(q, k, v, is_causal=True, impl="naive")
+    assert core.n <= ops["recompute_core"] < ops["recompute_layer"]
 
 
 @pytest.mark.parametrize("args, message", [

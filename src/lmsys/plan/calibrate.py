@@ -114,7 +114,8 @@ def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:
 def host_ops(m: ModelShape, *, device, dtype: str) -> tuple[dict, int]:
     """(OpCounts fields, ops of the 2-block step): the ops eager PyTorch dispatches in a training step of
     lmsys's model (bench e2e's plain path, `m`'s attention) at a tiny width, counted with a dispatch mode
-    for 1 and 2 blocks, with and without full recomputation; the difference is one block's."""
+    for 1 and 2 blocks, with and without full recomputation; the difference is one block's. Selective
+    recomputation's extra (`recompute_core`): the attention core alone, checkpointed or not (`_core_ops`)."""
     counts = {}
     for layers in (1, 2):
         for checkpoint in ("none", "block"):
@@ -134,8 +135,37 @@ def host_ops(m: ModelShape, *, device, dtype: str) -> tuple[dict, int]:
     per_tensor = (o2 - o1) / (t2 - t1)
     ops = {"fwd_layer": f2 - f1, "bwd_layer": b2 - b1, "recompute_layer": (b2_full - b2) / 2,
            "fwd_other": 2 * f1 - f2, "bwd_other": 2 * b1 - b2, "opt_base": o1 - per_tensor * t1,
-           "opt_per_tensor": per_tensor}
+           "opt_per_tensor": per_tensor, "recompute_core": _core_ops(m, device=device, dtype=dtype)}
     return ops, f2 + b2 + o2
+
+
+def _core_ops(m: ModelShape, *, device, dtype: str) -> int:
+    """What selective recomputation dispatches again per block: the ops the backward of a checkpointed
+    attention core (the model's attention call: `m`'s kind, its kv heads, the step's autocast) runs beyond
+    the plain core's backward, at a tiny shape (the core's forward again and the checkpoint's own ops, as
+    `recompute_layer` counts them for the whole block)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from lmsys.core.devices import torch_dtype
+    from lmsys.kernels.attention import attention
+
+    impl = "naive" if m.attention == "naive" else "sdpa"
+    kv = 1 if m.kv_heads != m.heads else 2
+
+    def core(q, k, v):
+        return attention(q, k, v, is_causal=True, impl=impl)
+
+    counts = []
+    for recompute in (False, True):
+        q = torch.randn(1, 2, 8, 8, device=device, requires_grad=True)
+        k, v = (torch.randn(1, kv, 8, 8, device=device, requires_grad=True) for _ in range(2))
+        with torch.autocast(device.type, dtype=torch_dtype(dtype), enabled=dtype != "fp32"):
+            out = checkpoint(core, q, k, v, use_reentrant=False) if recompute else core(q, k, v)
+        with _Count() as bwd:
+            out.float().sum().backward()
+        counts.append(bwd.n)
+    return counts[1] - counts[0]
 
 
 def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str):

@@ -22,7 +22,8 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
 - The optimizer (AdamW) streams its state once: bytes per parameter in `optimizer_bytes`, at the
   optimizer rate (calibrated: the AdamW this machine runs; else the HBM rate).
 - Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
-  `launch_us` of host time. On a GPU the host queues ahead of the device: each phase (a micro-batch's
+  `launch_us` of host time; recomputation dispatches the recomputed ops again in the backward (full:
+  the block's forward; selective: the attention core's). On a GPU the host queues ahead of the device: each phase (a micro-batch's
   forward, its backward, the optimizer) takes max(device, host), and what the host adds is the `host`
   term. On a CPU the host is the device: the host time adds in full.
 Torch-free.
@@ -51,13 +52,15 @@ class Efficiency:
 @dataclass(frozen=True)
 class OpCounts:
     """Ops eager PyTorch dispatches per training step, by phase: per block (forward, backward, and the
-    backward's extra with full recomputation), outside the blocks (embedding, final norm, head, loss), and
+    backward's extra with recomputation: full repeats the block's forward and the checkpoint's own ops,
+    selective the attention core's forward), outside the blocks (embedding, final norm, head, loss), and
     the optimizer (a fixed part and one per parameter tensor). The defaults are lmsys's block (naive
     attention, fp32, counted with a dispatch mode) and a fused AdamW; `plan calibrate` counts the run's own."""
 
     fwd_layer: float = 80
     bwd_layer: float = 132
-    recompute_layer: float = 131
+    recompute_layer: float = 131  # full recomputation: the block's forward again, inside its backward
+    recompute_core: float = 26  # selective: the attention core's forward again (naive: QKᵀ, scale, mask, softmax, ·V)
     fwd_other: float = 19
     bwd_other: float = 35
     opt_base: float = 12
@@ -172,11 +175,13 @@ def optimizer_bytes(prec: Precision) -> int:
 
 def host_ms(m: ModelShape, lay: Layout, rates: Rates, *, tensors: int) -> tuple[float, float, float]:
     """Host time (ms) of one micro-batch's forward and backward on a stage, and of the optimizer step
-    over `tensors` parameter tensors: dispatched ops × launch_us."""
+    over `tensors` parameter tensors: dispatched ops × launch_us. Recomputation dispatches its ops again
+    in the backward of every block: the whole forward (full) or the attention core's (selective)."""
     ops, us = rates.ops, rates.launch_us / 1e3
     layers = m.layers / lay.pp
+    again = {"none": 0.0, "selective": ops.recompute_core, "full": ops.recompute_layer}[lay.checkpoint]
     fwd = (layers * ops.fwd_layer + ops.fwd_other) * us
-    bwd = (layers * (ops.bwd_layer + (ops.recompute_layer if lay.checkpoint == "full" else 0)) + ops.bwd_other) * us
+    bwd = (layers * (ops.bwd_layer + again) + ops.bwd_other) * us
     return fwd, bwd, (ops.opt_base + ops.opt_per_tensor * tensors) * us
 
 
@@ -209,6 +214,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         attn_bwd = 2 * attn_fwd
     fwd = gemm / mm + attn_fwd + (outside + core) / ew
     bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew
+    # what the backward runs again, once per block per micro-batch: the attention core's forward
+    # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
     recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
 
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
@@ -216,11 +223,13 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_inter = t * lay.dp > gpus_per_node
     pp_inter = t * lay.dp * p > gpus_per_node and p > 1 and t * lay.dp >= gpus_per_node
     act_bytes = tokens * h * prec.act
-    tp_block = 0.0
+    tp_block = tp_fwd = 0.0
     if t > 1:
         bw = rates.link(t, inter=tp_inter, nbytes=act_bytes) * 1e9 / 1e3
         allreduce = 2 * act_bytes * (t - 1) / t / bw + 2 * lat
+        tp_fwd = 2 * allreduce  # the backward has 2, and the recomputed forward's 2 with full recomputation
         tp_block = 4 * allreduce + (2 * allreduce if lay.checkpoint == "full" else 0)
+    tp_bwd = tp_block - tp_fwd
 
     layers = m.layers / p
     per_mb_layers = layers * (fwd + bwd)
@@ -242,8 +251,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     # the host: per phase max(device, host) on a GPU, device + host on a CPU; what it adds is `host`
     tensors = param_tensors(m, lay)
     host_fwd, host_bwd, host_opt = host_ms(m, lay, rates, tensors=tensors)
-    dev_fwd = layers * (fwd + tp_block / 2) + extra / 3
-    dev_bwd = layers * (bwd + tp_block / 2) + per_mb_recompute + 2 * extra / 3
+    dev_fwd = layers * (fwd + tp_fwd) + extra / 3
+    dev_bwd = layers * (bwd + tp_bwd) + per_mb_recompute + 2 * extra / 3
     host_mb = (max(0.0, host_fwd - dev_fwd) + max(0.0, host_bwd - dev_bwd)) if rates.overlap else host_fwd + host_bwd
 
     mbs = lay.microbatches
@@ -262,8 +271,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         bw = rates.link(d, inter=dp_inter, nbytes=n * prec.grad) * 1e9 / 1e3
         grads = n * prec.grad * (d - 1) / d / bw + lat
         params = n * prec.weight * (d - 1) / d / bw + lat
-        bwd_mb = layers * (bwd + tp_block / 2)
-        fwd_mb = layers * (fwd + tp_block / 2)
+        bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
+        fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:
             dp_comm = max(0.0, 2 * grads - bwd_mb) + (params if lay.zero == 1 else 0.0)
         elif lay.zero == 2:
