@@ -323,6 +323,24 @@ def test_optimizer_and_host_terms_by_hand():
     assert slow.host == 0.0
 
 
+def test_collective_times_from_measured_points_and_from_the_table():
+    # measured all-reduce busbw on 2 ranks at 1 KiB and 1 MiB: t = bytes · 2(n-1)/n / busbw = bytes / busbw
+    measured = _rates(busbw={2: {1024: 1024 / 1e6, 2**20: 2**20 / 4e6}}, latency_us=50.0)  # 1 ms, 4 ms
+    assert measured.collective_ms("all-reduce", 2, nbytes=1024) == pytest.approx(1.0)
+    assert measured.collective_ms("all-reduce", 2, nbytes=16) == pytest.approx(1.0)  # below: the latency floor
+    middle = (1024 + 2**20) / 2
+    assert measured.collective_ms("all-reduce", 2, nbytes=middle) == pytest.approx(2.5)  # linear between
+    assert measured.collective_ms("all-reduce", 2, nbytes=2**22) == pytest.approx(16.0)  # above: the last busbw
+    # the others by their bus factor on 2 ranks (all-gather, reduce-scatter 1/2; a send 1), no latency added
+    assert measured.collective_ms("all-gather", 2, nbytes=2**20) == pytest.approx(2.0)
+    assert measured.collective_ms("send", 2, nbytes=2**20) == pytest.approx(4.0)
+    # not measured on 4 ranks: the table's 10 GB/s and 50 µs a collective (two for an all-reduce)
+    assert measured.collective_ms("all-reduce", 4, nbytes=1e6) == pytest.approx(1e6 * 1.5 / 1e7 + 0.1)
+    assert measured.collective_ms("reduce-scatter", 4, nbytes=1e6) == pytest.approx(1e6 * 0.75 / 1e7 + 0.05)
+    with pytest.raises(LmsysError, match="no bandwidth between 4 ranks"):
+        _rates(intra_GBps=0.0, busbw={2: {1024: 1.0}}).collective_ms("all-reduce", 4, nbytes=1e6)
+
+
 def test_recomputation_repeats_host_ops_and_forward_flops_by_hand():
     # SMALL with naive attention, fp32, micro-batch 1 × 3 micro-batches, 2 blocks; 1 TFLOP/s, 100 GB/s,
     # 0.1 ms per op on a CPU (host and device one after the other).
@@ -479,7 +497,23 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert r.code == 0, r.err
     prof, rows = yaml.safe_load(profile.read_text()), json.loads(r.out)["rows"]
     matmuls = [row for row in rows if row["what"].startswith("matmul")]
-    assert len(matmuls) == 5 and "busbw" not in prof
+    assert len(matmuls) == 5
+    # all-reduce on 2 gloo processes through lmsys.bench.comm's job: every size, positive; the latency is the
+    # smallest size's time; busbw grows from 1 KiB (latency-bound) to 4 MiB
+    from lmsys.plan.calibrate import CPU_BUSBW_SIZES
+
+    comm = [row for row in rows if row["what"] == "all-reduce on 2 processes (gloo)"]
+    assert sorted(prof["busbw"]) == [2] and sorted(prof["busbw"][2]) == list(CPU_BUSBW_SIZES) == sorted(CPU_BUSBW_SIZES)
+    assert len(comm) == len(CPU_BUSBW_SIZES) and all(row["ms"] > 0 and row["GB/s"] > 0 for row in comm)
+    assert [row["GB/s"] for row in comm] == [prof["busbw"][2][size] for size in CPU_BUSBW_SIZES]
+    assert prof["latency_us"] == pytest.approx(comm[0]["ms"] * 1e3)
+    assert prof["busbw"][2][CPU_BUSBW_SIZES[-1]] > prof["busbw"][2][CPU_BUSBW_SIZES[0]]
+    # the time model's all-reduce on 2 ranks is the measured time at each size (busbw = bytes · 2(n-1)/n / t)
+    from lmsys.plan.profile import rates as profile_rates
+
+    rates = profile_rates(prof, "fp32")
+    for size, row in zip(CPU_BUSBW_SIZES, comm):
+        assert rates.collective_ms("all-reduce", 2, nbytes=size) == pytest.approx(row["ms"], rel=1e-9)
     # the profile's matmul rate is all the GEMMs' FLOPs over all their time
     flops = sum(row["TFLOP/s"] * row["ms"] for row in matmuls)
     assert prof["matmul_tflops"]["fp32"] == pytest.approx(flops / sum(row["ms"] for row in matmuls), rel=1e-9)

@@ -105,6 +105,10 @@ def calibrate(
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
     if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
+    else:
+        notes.append(f"all-reduce rows: GB/s is busbw (nccl-tests: algbw · 2(n−1)/n), through the job `lmsys comm "
+                     f"all-reduce` runs; latency_us = the smallest size's median time, {prof['latency_us']:.1f} µs. "
+                     "plan train and validate take collective times from these points.")
     emit(Report("plan calibrate", rows, {**environment(dev), "model": shape.describe()}, notes), format, output)
 
 

@@ -4,10 +4,11 @@ Calibration times, with lmsys.core.timing's timer: the model's GEMM shapes per d
 them), attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's naive
 attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), an elementwise multiply at the model's
 activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (the ops of a training
-step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and on a machine with
-2 or more GPUs the all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm
-allreduce` runs). Validation runs `bench e2e`'s library (lmsys.bench.e2e) and predicts each row with the
-profile.
+step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and the all-reduce
+busbw per size and world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the
+one launcher): with nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a
+CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency. Validation (plan/validate.py)
+predicts with the profile.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape
 from lmsys.plan.time import optimizer_bytes
 
-BUSBW_SIZES = (2**20, 2**23, 2**26, 2**28)
+# all-reduce sizes: on GPUs (nccl), and on a CPU (gloo, 2 processes: a few, so it stays quick); the first is
+# small enough that its time is the latency
+BUSBW_SIZES = (2**10, 2**20, 2**23, 2**26, 2**28)
+CPU_BUSBW_SIZES = (2**10, 2**14, 2**18, 2**22)
 
 
 def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]]:
@@ -33,11 +37,12 @@ def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]
 def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
               collectives: bool | None = None) -> tuple[dict, list[dict]]:
     """(profile, rows): the rates the time model uses, and one row per measurement. `collectives`: also
-    the all-reduce busbw (None: where 2 or more GPUs are visible); the profile has "busbw" when measured."""
+    the all-reduce busbw and latency (None: on a CPU, and on a GPU where 2 or more are visible); the
+    profile has "busbw" and "latency_us" when measured."""
     import torch
 
     if collectives is None:
-        collectives = torch.device(device).type == "cuda" and torch.cuda.device_count() >= 2
+        collectives = torch.device(device).type != "cuda" or torch.cuda.device_count() >= 2
 
     from lmsys.core.devices import device_name, torch_dtype
 
@@ -88,11 +93,10 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
         rows.append({"what": "host, per dispatched op", "dtype": dtype, "shape": f"{total} ops a tiny step",
                      "ms": us * total / 1e3, "µs/op": us})
     if collectives:
-        profile["busbw"] = {}
-        for n, points in _busbw(dtypes[-1], warmup=warmup, steps=steps).items():
-            profile["busbw"][n] = points
-            rows += [{"what": f"all-reduce on {n} GPUs", "dtype": dtypes[-1], "shape": f"{size // MiB} MiB",
-                      "GB/s": bw} for size, bw in points.items()]
+        busbw, latency_us, comm_rows = _busbw(device, dtypes[-1], warmup=warmup, steps=steps)
+        if busbw:
+            profile["busbw"], profile["latency_us"] = busbw, latency_us
+        rows += comm_rows
     return profile, rows
 
 
@@ -251,24 +255,41 @@ def _attention(m: ModelShape, *, device, dt, batch: int, warmup: int, steps: int
     return ms, flops, label
 
 
-def _busbw(dtype: str, *, warmup: int, steps: int) -> dict:
-    """{world size: {bytes: busbw GB/s}} for all-reduce on 2, 4, 8 ... GPUs of this machine."""
+def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float | None, list[dict]]:
+    """({world size: {bytes: busbw GB/s}}, latency µs, rows) of all-reduce through lmsys.bench.comm's job:
+    nccl on 2, 4, 8 ... of this machine's GPUs; gloo on 2 processes on a CPU (fp32: gloo reduces no bf16
+    on every torch). The latency: the median time of the smallest size on the fewest ranks."""
     import torch
 
+    from lmsys.core.parsing import format_bytes
     from lmsys.distributed import launch
 
+    if device.type == "cuda":
+        backend, sizes, worlds = "nccl", BUSBW_SIZES, []
+        n = 2
+        while n <= torch.cuda.device_count():
+            worlds.append(n)
+            n *= 2
+        where = "GPUs"
+    else:
+        backend, sizes, worlds, dtype, where = "gloo", CPU_BUSBW_SIZES, [2], "fp32", "processes (gloo)"
     out: dict = {}
-    n = 2
-    while n <= torch.cuda.device_count():
+    rows: list[dict] = []
+    latency_us = None
+    for n in worlds:
         result = launch.run("lmsys.bench.comm:collective_job",
-                            dict(collective="all-reduce", sizes=list(BUSBW_SIZES), labels=[str(s) for s in BUSBW_SIZES],
-                                 dtype=dtype, warmup=warmup, iters=steps, baseline=False),
-                            world_size=n, backend="nccl")
-        if result is None:
-            return out
-        out[n] = {size: row["busbw GB/s"] for size, row in zip(BUSBW_SIZES, result["rows"]) if row.get("busbw GB/s")}
-        n *= 2
-    return out
+                            dict(collective="all-reduce", sizes=list(sizes), labels=[str(s) for s in sizes],
+                                 dtype=dtype, warmup=max(warmup, 1), iters=max(steps, 3), baseline=False),
+                            world_size=n, backend=backend)
+        if result is None:  # a torchrun worker other than rank 0
+            return out, latency_us, rows
+        measured = [(size, row) for size, row in zip(sizes, result["rows"]) if row.get("busbw GB/s")]
+        out[n] = {size: row["busbw GB/s"] for size, row in measured}
+        if latency_us is None and measured:
+            latency_us = measured[0][1]["median ms"] * 1e3
+        rows += [{"what": f"all-reduce on {n} {where}", "dtype": dtype, "shape": format_bytes(size),
+                  "ms": row["median ms"], "GB/s": row["busbw GB/s"]} for size, row in measured]
+    return out, latency_us, rows
 
 
 # ------------------------------------------------------------------------------------------ validate

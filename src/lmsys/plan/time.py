@@ -18,7 +18,11 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   slowest stage (the last, with the LM head, or the first) sets the pace of the m micro-batches.
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
   twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
-  (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`.
+  (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`. Measured (a
+  profile's all-reduce busbw per size on n ranks): the all-reduce time at each measured size, linear
+  between them, the smallest size's time below it (the latency floor) and the largest size's busbw above
+  it; other collectives scale it by their bus factor (their busbw is the all-reduce's), and no latency
+  is added (the measured times hold it).
 - The optimizer (AdamW) streams its state once: bytes per parameter in `optimizer_bytes`, at the
   optimizer rate (calibrated: the AdamW this machine runs; else the HBM rate).
 - Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
@@ -85,11 +89,8 @@ class Rates:
     overlap: bool = True  # the host queues ahead of the device (a GPU); False: one after the other (a CPU)
     ops: OpCounts = OpCounts()
 
-    def link(self, group: int, *, inter: bool, nbytes: float) -> float:
-        """busbw (GB/s) of a collective over `group` GPUs, within a node or across nodes."""
-        measured = self.busbw.get(group) or self.busbw.get(str(group))
-        if measured and not inter:
-            return _interpolate(measured, nbytes)
+    def link(self, group: int, *, inter: bool) -> float:
+        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes."""
         if inter:
             if self.inter_GBps is None:
                 from lmsys.core.errors import LmsysError
@@ -97,14 +98,44 @@ class Rates:
                 raise LmsysError("the mesh spans nodes but the network bandwidth is unknown; give network_GBps "
                                  "in --cluster FILE.yaml")
             return self.inter_GBps
+        if not self.intra_GBps:
+            from lmsys.core.errors import LmsysError
+
+            raise LmsysError(f"no bandwidth between {group} ranks here: the profile has no all-reduce busbw on "
+                             f"{group} and no table figure to fall back on; calibrate where {group} ranks run")
         return self.intra_GBps
 
+    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False) -> float:
+        """ms of one collective (`BUS_FACTORS`' kinds) of `nbytes` (the full buffer, as nccl-tests counts
+        it) over `group` ranks: from the measured all-reduce times on `group` ranks when the profile has
+        them (within a node), else latency + bytes · bus factor / the table's busbw (an all-reduce as a
+        reduce-scatter and an all-gather: two latencies)."""
+        factor = BUS_FACTORS[kind](group)
+        measured = self.busbw.get(group) or self.busbw.get(str(group))
+        if measured and not inter:
+            return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
+        bw = self.link(group, inter=inter) * 1e9 / 1e3  # bytes per ms
+        return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
 
-def _interpolate(points: dict, nbytes: float) -> float:
-    """busbw at `nbytes` from measured (bytes -> GB/s) points: the nearest measured size at or below it."""
-    sizes = sorted((int(k), float(v)) for k, v in points.items())
-    below = [bw for size, bw in sizes if size <= nbytes]
-    return below[-1] if below else sizes[0][1]
+
+# busbw / algbw, nccl-tests' convention (as lmsys.bench.comm.BUS_FACTORS; send: what crosses one link)
+BUS_FACTORS = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+               "reduce-scatter": lambda n: (n - 1) / n, "send": lambda n: 1.0}
+
+
+def allreduce_ms(points: dict, *, group: int, nbytes: float) -> float:
+    """An all-reduce's ms at `nbytes` on `group` ranks from measured (bytes -> busbw GB/s) points: each
+    point's time is bytes · 2(n-1)/n / busbw; linear between points, the smallest point's time below
+    them (latency-bound), the largest point's busbw above them."""
+    factor = BUS_FACTORS["all-reduce"](group)
+    times = sorted((int(k), int(k) * factor / (float(v) * 1e9) * 1e3) for k, v in points.items())
+    if nbytes <= times[0][0]:
+        return times[0][1]
+    for (b0, t0), (b1, t1) in zip(times, times[1:]):
+        if nbytes <= b1:
+            return t0 + (nbytes - b0) / (b1 - b0) * (t1 - t0)
+    b_last, t_last = times[-1]
+    return t_last * nbytes / b_last
 
 
 def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops: float | None = None) -> Rates:
@@ -200,7 +231,6 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     mm = rates.matmul_tflops * 1e12 / 1e3  # FLOPs per ms
     ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
     opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
-    lat = rates.latency_us / 1e3
 
     # one block, one micro-batch, one GPU
     gemm = 2 * tokens * layer_matmul_params(m) / t
@@ -225,8 +255,7 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     act_bytes = tokens * h * prec.act
     tp_block = tp_fwd = 0.0
     if t > 1:
-        bw = rates.link(t, inter=tp_inter, nbytes=act_bytes) * 1e9 / 1e3
-        allreduce = 2 * act_bytes * (t - 1) / t / bw + 2 * lat
+        allreduce = rates.collective_ms("all-reduce", t, nbytes=act_bytes, inter=tp_inter)
         tp_fwd = 2 * allreduce  # the backward has 2, and the recomputed forward's 2 with full recomputation
         tp_block = 4 * allreduce + (2 * allreduce if lay.checkpoint == "full" else 0)
     tp_bwd = tp_block - tp_fwd
@@ -245,8 +274,7 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     pp_mb = 0.0
     if p > 1:
         sent = act_bytes / (t if lay.sp else 1)
-        bw = rates.link(2, inter=pp_inter, nbytes=sent) * 1e9 / 1e3
-        pp_mb = 2 * lay.chunks * (sent / bw + lat)
+        pp_mb = 2 * lay.chunks * rates.collective_ms("send", 2, nbytes=sent, inter=pp_inter)
 
     # the host: per phase max(device, host) on a GPU, device + host on a CPU; what it adds is `host`
     tensors = param_tensors(m, lay)
@@ -268,13 +296,13 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_comm = 0.0
     if lay.dp > 1:
         d = lay.dp
-        bw = rates.link(d, inter=dp_inter, nbytes=n * prec.grad) * 1e9 / 1e3
-        grads = n * prec.grad * (d - 1) / d / bw + lat
-        params = n * prec.weight * (d - 1) / d / bw + lat
+        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter)
+        params = rates.collective_ms("all-gather", d, nbytes=n * prec.weight, inter=dp_inter)
+        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter)
         bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
         fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:
-            dp_comm = max(0.0, 2 * grads - bwd_mb) + (params if lay.zero == 1 else 0.0)
+            dp_comm = max(0.0, allreduce - bwd_mb) + (params if lay.zero == 1 else 0.0)
         elif lay.zero == 2:
             dp_comm = max(0.0, grads - bwd_mb) + params
         else:
