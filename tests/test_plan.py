@@ -523,7 +523,7 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
     assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
-              "--warmup", "0", "--steps", "1", "--format", "json")
+              "--warmup", "0", "--steps", "1", "--mesh", "none", "--format", "json")
     assert r.code == 0, r.err
     out = json.loads(r.out)
     assert [(row["checkpoint"], row["status"]) for row in out["rows"]] == [("none", "ok"), ("block", "ok")]
@@ -533,6 +533,112 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
     assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+
+
+MICRO2 = "d_model: 32\nd_ff: 64\nnum_layers: 2\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n"
+CPU_PROFILE = {"device": "test cpu", "matmul_tflops": {"fp32": 0.01}, "attention_tflops": {"fp32": 0.005},
+               "hbm_GBps": 5.0, "elementwise_GBps": 2.0, "optimizer_GBps": 1.0, "host_overlap": False,
+               "launch_us": {"fp32": 20.0}, "busbw": {2: {1024: 0.001, 2**22: 0.5}}, "latency_us": 100.0}
+
+
+def test_validate_runs_parallel_train_meshes_on_gloo_and_predicts_each_layout(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    from lmsys.model.config import get_config
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.shape import from_model_config
+
+    model, profile = tmp_path / "micro2.yaml", tmp_path / "cpu.yaml"
+    model.write_text(MICRO2)
+    profile.write_text(yaml.safe_dump(CPU_PROFILE))
+    r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--parallel-size", str(model),
+              "--context-length", "32", "--device", "cpu", "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    e2e, meshes = json.loads(r.out)
+    assert [row["status"] for row in e2e["rows"]] == ["ok", "ok"]
+    # the CPU defaults: dp=2, tp=2 and pp=2 on 2 gloo processes, 4 micro-batches of 1 sequence, each policy
+    got = [(row["world size"], row["mesh"], row["checkpoint"], row["status"]) for row in meshes["rows"]]
+    assert got == [(2, mesh, ckpt, "ok") for mesh in ("dp=2,tp=1,pp=1", "dp=1,tp=2,pp=1", "dp=1,tp=1,pp=2")
+                   for ckpt in ("none", "block")]
+    shape = from_model_config(get_config(str(model)), name="micro2")
+    rates = profile_rates(CPU_PROFILE, "fp32")  # no `threads` in the profile: the rates as they are
+    layouts = {"dp=2,tp=1,pp=1": mem.Layout(dp=2), "dp=1,tp=2,pp=1": mem.Layout(tp=2),
+               "dp=1,tp=1,pp=2": mem.Layout(pp=2, schedule="1f1b")}
+    for row in meshes["rows"]:
+        lay = replace(layouts[row["mesh"]], microbatches=4, checkpoint="full" if row["checkpoint"] == "block" else "none")
+        st = ptime.step_time(shape, lay, mem.PRECISIONS["fp32"], rates, gpus_per_node=2)
+        assert row["predicted ms"] == pytest.approx(st.total, rel=1e-9)
+        assert row["predicted MiB"] == pytest.approx(
+            mem.memory(shape, lay, mem.PRECISIONS["fp32"], capacity=float("inf")).total / 2**20, rel=1e-9)
+        assert row["measured ms"] > 0 and row["measured MiB"] is None and row["memory error %"] is None
+        assert row["time error %"] == pytest.approx(100 * (row["predicted ms"] - row["measured ms"]) / row["measured ms"])
+    # communication came from the measured all-reduce points (2 ranks): the dp row's exposed all-reduce
+    dp_none = ptime.step_time(shape, replace(layouts["dp=2,tp=1,pp=1"], microbatches=4), mem.PRECISIONS["fp32"],
+                              rates, gpus_per_node=2)
+    assert dp_none.dp_comm > 0
+    errs = [abs(row["time error %"]) for row in meshes["rows"]]
+    assert f"time error: mean |error| {sum(errs) / len(errs):.1f} %, max {max(errs):.1f} %" in meshes["notes"]
+    assert any("memory: not measurable here" in note for note in meshes["notes"])
+
+
+def test_validate_rows_that_cannot_run_say_why(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    model, profile = tmp_path / "micro2.yaml", tmp_path / "cpu.yaml"
+    model.write_text(MICRO2)
+    profile.write_text(yaml.safe_dump(CPU_PROFILE))
+    base = ("plan", "validate", "--profile", str(profile), "--size", str(model), "--parallel-size", str(model),
+            "--context-length", "32", "--checkpoint", "none", "--warmup", "0", "--steps", "1", "--format", "json")
+    # nccl without GPUs: the default mesh of one GPU, not run; the bench e2e rows still run on the CPU
+    r = lmsys(*base, "--backend", "nccl")
+    assert r.code == 0, r.err
+    e2e, meshes = json.loads(r.out)
+    assert [row["status"] for row in e2e["rows"]] == ["ok"]
+    (row,) = meshes["rows"]
+    assert row["mesh"] == "dp=1,tp=1,pp=1" and row["status"].startswith("cannot run: nccl needs CUDA GPUs")
+    assert row["measured ms"] is None and row["predicted ms"] > 0 and row["time error %"] is None
+    # meshes the model does not divide: said before any process starts, the others still run
+    r = lmsys(*base, "--device", "cpu", "--mesh", "tp=4", "--mesh", "pp=3")
+    assert r.code == 0, r.err
+    _, meshes = json.loads(r.out)
+    status = {row["mesh"]: row["status"] for row in meshes["rows"]}
+    assert "tp=4 does not divide the model's heads (2)" in status["dp=1,tp=4,pp=1"]
+    assert "2 layers cannot fill pp=3" in status["dp=1,tp=1,pp=3"]
+    assert all(s.startswith("cannot run: ") for s in status.values())
+    # option mistakes are one line, before anything runs
+    for args, message in ((("--mesh", "none", "--mesh", "dp=2"), "--mesh none leaves out"),
+                          (("--mesh", "dp=2", "--world-size", "4"), "runs 2 processes, not one of --world-size 4"),
+                          (("--mesh", "xp=2"), "each part is DIM=N"), (("--dp-strategy", "torch-ddp"), "--dp-strategy"),
+                          (("--parallel-size", "tiny,small"), "not a list"), (("--microbatches", "0"), "--microbatches")):
+        r = lmsys("plan", "validate", "--profile", str(profile), *args)
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, (args, r.err)
+
+
+def test_validate_layouts_and_default_meshes():
+    from lmsys.distributed.mesh import parse_mesh
+    from lmsys.plan import validate as val
+
+    plan = val.MeshPlan(meshes=[], size="tiny", context_length=128, backend="gloo", micro_batch=2, microbatches=4,
+                        dp_strategy="fsdp", pp_schedule="interleaved-1f1b", virtual_stages=2, sequence_parallel=True)
+    assert val.layout(parse_mesh("dp=2,tp=2,pp=2"), plan, checkpoint="block") == mem.Layout(
+        dp=2, tp=2, pp=2, zero=2, sp=True, schedule="interleaved", chunks=2, micro_batch=2, microbatches=4,
+        checkpoint="full")
+    assert val.layout(parse_mesh("tp=1"), replace(plan, dp_strategy="bucketed"), checkpoint="none") == mem.Layout(
+        micro_batch=2, microbatches=4)
+    assert val.default_meshes(1) == ["dp=1,tp=1,pp=1"]
+    assert val.default_meshes(2) == ["dp=2,tp=1,pp=1", "dp=1,tp=2,pp=1", "dp=1,tp=1,pp=2"]
+    assert val.default_meshes(4)[-1] == "dp=2,tp=2,pp=1"
+    assert val.default_world_sizes("gloo") == [2]
+    assert val.resolve_meshes(None, world_sizes=[2, 4], backend="gloo") == val.default_meshes(2) + val.default_meshes(4)
+    assert val.resolve_meshes(["tp=2", "dp=1,tp=2"], world_sizes=None, backend="gloo") == ["dp=1,tp=2,pp=1"]
+    # a CPU rank computes with its share of the threads the profile was measured with
+    assert val.thread_scale({"threads": 4}, "gloo", 2) * 4 == pytest.approx(__import__(
+        "lmsys.distributed.launch", fromlist=["rank_threads"]).rank_threads(2))
+    assert val.thread_scale({"threads": 4}, "nccl", 2) == 1.0 and val.thread_scale({}, "gloo", 2) == 1.0
 
 
 def test_host_op_counts_predict_a_deeper_model():

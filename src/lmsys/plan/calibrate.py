@@ -86,6 +86,8 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
                  "ms": ms, "GB/s": profile["optimizer_GBps"]})
     profile["host_overlap"] = device.type == "cuda"
+    if device.type == "cpu":  # the threads every rate above was measured with (plan validate scales by them)
+        profile["threads"] = torch.get_num_threads()
     profile["launch_us"], profile["ops"] = {}, {}
     for dtype in dtypes:
         us, ops, total = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
@@ -111,7 +113,7 @@ def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:
     params = [torch.nn.Parameter(torch.randn(numel // 4, device=device)) for _ in range(4)]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = make_optimizer(params, lr=1e-3, kind=_step_options(device, "fp32")["optimizer"])
+    opt = make_optimizer(params, lr=1e-3, kind=plain_step_options(device, "fp32")["optimizer"])
     return time_fn(opt.step, warmup=warmup, steps=steps, device=device).median, numel
 
 
@@ -178,7 +180,7 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
     from lmsys.train.build import build_train_step
     from lmsys.train.step import random_batch
 
-    options = _step_options(device, dtype)
+    options = plain_step_options(device, dtype)
     options.pop("attn_impl")
     cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
                       attn_impl="naive" if m.attention == "naive" else "sdpa",
@@ -190,7 +192,7 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
     return step, inputs, targets
 
 
-def _step_options(device, dtype: str) -> dict:
+def plain_step_options(device, dtype: str) -> dict:
     """bench e2e's plain path (what validate runs): naive attention, eager, AdamW (fused on a GPU)."""
     from lmsys.bench import e2e
 
@@ -290,57 +292,3 @@ def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float 
         rows += [{"what": f"all-reduce on {n} {where}", "dtype": dtype, "shape": format_bytes(size),
                   "ms": row["median ms"], "GB/s": row["busbw GB/s"]} for size, row in measured]
     return out, latency_us, rows
-
-
-# ------------------------------------------------------------------------------------------ validate
-
-def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int,
-             steps: int, device, profile: dict) -> tuple[list[dict], dict]:
-    """Run bench e2e (mode train) over sizes × dtypes × checkpoint policies and predict each row with
-    `profile`. Returns (rows, summary {mean/max |error| % of step time and memory})."""
-    from lmsys.bench import e2e
-    from lmsys.model.config import resolve_configs
-    from lmsys.core.parsing import MiB as _MiB
-    from lmsys.plan import memory as mem
-    from lmsys.plan.profile import rates as profile_rates
-    from lmsys.plan.shape import from_model_config
-    from lmsys.plan.time import step_time
-
-    rows: list[dict] = []
-    for dtype in dtypes:
-        options = _step_options(device, dtype)
-        attn_impl = options.pop("attn_impl")
-        for size in sizes:
-            (name, cfg), = resolve_configs([size], context_length=_context(size), attn_impl=attn_impl)
-            workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
-                                              dtype=dtype, cuda_graphs=False, **options)
-            measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
-            for (_, workload), got in zip(workloads, measured):
-                shape = from_model_config(cfg, name=name)
-                lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
-                prec = mem.precision(dtype, master_weights=False)
-                st = step_time(shape, lay, prec, profile_rates(profile, dtype), gpus_per_node=1)
-                predicted_mem = mem.memory(shape, lay, prec, capacity=float("inf")).total
-                ms = got["ms/step"].mean if got.get("status") == "ok" else None
-                peak = got.get("peak step MiB")
-                rows.append({
-                    "size": name, "dtype": dtype, "checkpoint": workload.checkpoint,
-                    "predicted ms": st.total, "measured ms": ms, "time error %": _err(st.total, ms),
-                    "predicted MiB": predicted_mem / _MiB, "measured MiB": peak,
-                    "memory error %": _err(predicted_mem / _MiB, peak), "status": got.get("status"),
-                })
-    summary = {}
-    for key in ("time error %", "memory error %"):
-        errs = [abs(r[key]) for r in rows if r[key] is not None]
-        summary[key] = (sum(errs) / len(errs), max(errs)) if errs else None
-    return rows, summary
-
-
-def _context(size: str) -> int:
-    from lmsys.model.config import get_config
-
-    return get_config(size).context_length
-
-
-def _err(predicted: float, measured: float | None) -> float | None:
-    return None if measured in (None, 0) else 100 * (predicted - measured) / measured
