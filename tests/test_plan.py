@@ -323,6 +323,61 @@ def test_optimizer_and_host_terms_by_hand():
     assert slow.host == 0.0
 
 
+def test_collective_times_from_measured_points_and_from_the_table():
+    # measured all-reduce busbw on 2 ranks at 1 KiB and 1 MiB: t = bytes · 2(n-1)/n / busbw = bytes / busbw
+    measured = _rates(busbw={2: {1024: 1024 / 1e6, 2**20: 2**20 / 4e6}}, latency_us=50.0)  # 1 ms, 4 ms
+    assert measured.collective_ms("all-reduce", 2, nbytes=1024) == pytest.approx(1.0)
+    assert measured.collective_ms("all-reduce", 2, nbytes=16) == pytest.approx(1.0)  # below: the latency floor
+    middle = (1024 + 2**20) / 2
+    assert measured.collective_ms("all-reduce", 2, nbytes=middle) == pytest.approx(2.5)  # linear between
+    assert measured.collective_ms("all-reduce", 2, nbytes=2**22) == pytest.approx(16.0)  # above: the last busbw
+    # the others by their bus factor on 2 ranks (all-gather, reduce-scatter 1/2; a send 1), no latency added
+    assert measured.collective_ms("all-gather", 2, nbytes=2**20) == pytest.approx(2.0)
+    assert measured.collective_ms("send", 2, nbytes=2**20) == pytest.approx(4.0)
+    # not measured on 4 ranks: the table's 10 GB/s and 50 µs a collective (two for an all-reduce)
+    assert measured.collective_ms("all-reduce", 4, nbytes=1e6) == pytest.approx(1e6 * 1.5 / 1e7 + 0.1)
+    assert measured.collective_ms("reduce-scatter", 4, nbytes=1e6) == pytest.approx(1e6 * 0.75 / 1e7 + 0.05)
+    with pytest.raises(LmsysError, match="no bandwidth between 4 ranks"):
+        _rates(intra_GBps=0.0, busbw={2: {1024: 1.0}}).collective_ms("all-reduce", 4, nbytes=1e6)
+
+
+def test_recomputation_repeats_host_ops_and_forward_flops_by_hand():
+    # SMALL with naive attention, fp32, micro-batch 1 × 3 micro-batches, 2 blocks; 1 TFLOP/s, 100 GB/s,
+    # 0.1 ms per op on a CPU (host and device one after the other).
+    m, prec = replace(SMALL, attention="naive"), mem.PRECISIONS["fp32"]
+    ops = ptime.OpCounts(fwd_layer=10, bwd_layer=20, recompute_layer=15, recompute_core=7, fwd_other=3, bwd_other=5,
+                         opt_base=2, opt_per_tensor=4)
+    rates = _rates(launch_us=100.0, overlap=False, ops=ops, optimizer_GBps=2.0)
+    st = {c: ptime.step_time(m, mem.Layout(microbatches=3, checkpoint=c), prec, rates, gpus_per_node=1)
+          for c in ("none", "selective", "full")}
+    # host per micro-batch: forward (2·10 + 3) ops; backward (2·20 + 5), + 2·7 (selective: the attention core
+    # again), + 2·15 (full: the block's forward again); the optimizer (2 + 4·17) once per step
+    fwd, opt = 23 * 0.1, 70 * 0.1
+    for c, bwd_ops in (("none", 45), ("selective", 59), ("full", 75)):
+        assert st[c].parts["host bwd ms"] == pytest.approx(bwd_ops * 0.1)
+        assert st[c].host == pytest.approx(3 * (fwd + bwd_ops * 0.1) + opt)
+    # device, one block, one micro-batch (s 4, b 1, h 8): matmuls 2·4·576 = 4608 FLOPs, scores 4·1·4²·8 = 512;
+    # elementwise 2944 bytes outside the core, 32 B × 32 score elements in it (test_elementwise_bytes_by_hand)
+    attn_fwd, core = 512 / 1e9, 1024 / 1e8
+    block_fwd = (4608 + 512) / 1e9 + (2944 + 1024) / 1e8
+    assert st["none"].parts["fwd block ms"] == pytest.approx(block_fwd)
+    # recomputation: 1x the block's forward (full) or the core's forward (selective), per block per
+    # micro-batch, counted once: not in compute, not in MFU's model FLOPs
+    assert st["none"].recompute == 0.0
+    assert st["full"].recompute == pytest.approx(3 * 2 * block_fwd)
+    assert st["selective"].recompute == pytest.approx(3 * 2 * (attn_fwd + core))
+    for c in ("selective", "full"):
+        assert st[c].compute == pytest.approx(st["none"].compute) and st[c].flops == st["none"].flops
+        assert st[c].total - st["none"].total == pytest.approx(st[c].recompute + st[c].host - st["none"].host)
+    # data parallelism overlaps the whole backward, recomputation included: dp 2, ZeRO-0, 2792 fp32
+    # gradients all-reduced over 10 GB/s, no latency: 2 × 2792·4/2 bytes / 1e7 bytes per ms
+    block_bwd = 2 * (4608 + 512) / 1e9 + 2 * (2944 + 1024) / 1e8
+    allreduce = 2 * 2792 * 4 / 2 / 1e7
+    for c, hidden in (("none", 2 * block_bwd), ("full", 2 * (block_bwd + block_fwd))):
+        dp = ptime.step_time(m, mem.Layout(dp=2, checkpoint=c), prec, rates, gpus_per_node=2)
+        assert dp.dp_comm == pytest.approx(allreduce - hidden)
+
+
 # ------------------------------------------------------------------------------------------- search
 
 def _cluster(gpus, name="H100 SXM"):
@@ -442,7 +497,23 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert r.code == 0, r.err
     prof, rows = yaml.safe_load(profile.read_text()), json.loads(r.out)["rows"]
     matmuls = [row for row in rows if row["what"].startswith("matmul")]
-    assert len(matmuls) == 5 and "busbw" not in prof
+    assert len(matmuls) == 5
+    # all-reduce on 2 gloo processes through lmsys.bench.comm's job: every size, positive; the latency is the
+    # smallest size's time; busbw grows from 1 KiB (latency-bound) to 4 MiB
+    from lmsys.plan.calibrate import CPU_BUSBW_SIZES
+
+    comm = [row for row in rows if row["what"] == "all-reduce on 2 processes (gloo)"]
+    assert sorted(prof["busbw"]) == [2] and sorted(prof["busbw"][2]) == list(CPU_BUSBW_SIZES) == sorted(CPU_BUSBW_SIZES)
+    assert len(comm) == len(CPU_BUSBW_SIZES) and all(row["ms"] > 0 and row["GB/s"] > 0 for row in comm)
+    assert [row["GB/s"] for row in comm] == [prof["busbw"][2][size] for size in CPU_BUSBW_SIZES]
+    assert prof["latency_us"] == pytest.approx(comm[0]["ms"] * 1e3)
+    assert prof["busbw"][2][CPU_BUSBW_SIZES[-1]] > prof["busbw"][2][CPU_BUSBW_SIZES[0]]
+    # the time model's all-reduce on 2 ranks is the measured time at each size (busbw = bytes · 2(n-1)/n / t)
+    from lmsys.plan.profile import rates as profile_rates
+
+    rates = profile_rates(prof, "fp32")
+    for size, row in zip(CPU_BUSBW_SIZES, comm):
+        assert rates.collective_ms("all-reduce", 2, nbytes=size) == pytest.approx(row["ms"], rel=1e-9)
     # the profile's matmul rate is all the GEMMs' FLOPs over all their time
     flops = sum(row["TFLOP/s"] * row["ms"] for row in matmuls)
     assert prof["matmul_tflops"]["fp32"] == pytest.approx(flops / sum(row["ms"] for row in matmuls), rel=1e-9)
@@ -452,7 +523,7 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
     assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
-              "--warmup", "0", "--steps", "1", "--format", "json")
+              "--warmup", "0", "--steps", "1", "--mesh", "none", "--format", "json")
     assert r.code == 0, r.err
     out = json.loads(r.out)
     assert [(row["checkpoint"], row["status"]) for row in out["rows"]] == [("none", "ok"), ("block", "ok")]
@@ -462,6 +533,112 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
     assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+
+
+MICRO2 = "d_model: 32\nd_ff: 64\nnum_layers: 2\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n"
+CPU_PROFILE = {"device": "test cpu", "matmul_tflops": {"fp32": 0.01}, "attention_tflops": {"fp32": 0.005},
+               "hbm_GBps": 5.0, "elementwise_GBps": 2.0, "optimizer_GBps": 1.0, "host_overlap": False,
+               "launch_us": {"fp32": 20.0}, "busbw": {2: {1024: 0.001, 2**22: 0.5}}, "latency_us": 100.0}
+
+
+def test_validate_runs_parallel_train_meshes_on_gloo_and_predicts_each_layout(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    from lmsys.model.config import get_config
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.shape import from_model_config
+
+    model, profile = tmp_path / "micro2.yaml", tmp_path / "cpu.yaml"
+    model.write_text(MICRO2)
+    profile.write_text(yaml.safe_dump(CPU_PROFILE))
+    r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--parallel-size", str(model),
+              "--context-length", "32", "--device", "cpu", "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    e2e, meshes = json.loads(r.out)
+    assert [row["status"] for row in e2e["rows"]] == ["ok", "ok"]
+    # the CPU defaults: dp=2, tp=2 and pp=2 on 2 gloo processes, 4 micro-batches of 1 sequence, each policy
+    got = [(row["world size"], row["mesh"], row["checkpoint"], row["status"]) for row in meshes["rows"]]
+    assert got == [(2, mesh, ckpt, "ok") for mesh in ("dp=2,tp=1,pp=1", "dp=1,tp=2,pp=1", "dp=1,tp=1,pp=2")
+                   for ckpt in ("none", "block")]
+    shape = from_model_config(get_config(str(model)), name="micro2")
+    rates = profile_rates(CPU_PROFILE, "fp32")  # no `threads` in the profile: the rates as they are
+    layouts = {"dp=2,tp=1,pp=1": mem.Layout(dp=2), "dp=1,tp=2,pp=1": mem.Layout(tp=2),
+               "dp=1,tp=1,pp=2": mem.Layout(pp=2, schedule="1f1b")}
+    for row in meshes["rows"]:
+        lay = replace(layouts[row["mesh"]], microbatches=4, checkpoint="full" if row["checkpoint"] == "block" else "none")
+        st = ptime.step_time(shape, lay, mem.PRECISIONS["fp32"], rates, gpus_per_node=2)
+        assert row["predicted ms"] == pytest.approx(st.total, rel=1e-9)
+        assert row["predicted MiB"] == pytest.approx(
+            mem.memory(shape, lay, mem.PRECISIONS["fp32"], capacity=float("inf")).total / 2**20, rel=1e-9)
+        assert row["measured ms"] > 0 and row["measured MiB"] is None and row["memory error %"] is None
+        assert row["time error %"] == pytest.approx(100 * (row["predicted ms"] - row["measured ms"]) / row["measured ms"])
+    # communication came from the measured all-reduce points (2 ranks): the dp row's exposed all-reduce
+    dp_none = ptime.step_time(shape, replace(layouts["dp=2,tp=1,pp=1"], microbatches=4), mem.PRECISIONS["fp32"],
+                              rates, gpus_per_node=2)
+    assert dp_none.dp_comm > 0
+    errs = [abs(row["time error %"]) for row in meshes["rows"]]
+    assert f"time error: mean |error| {sum(errs) / len(errs):.1f} %, max {max(errs):.1f} %" in meshes["notes"]
+    assert any("memory: not measurable here" in note for note in meshes["notes"])
+
+
+def test_validate_rows_that_cannot_run_say_why(lmsys, tmp_path):
+    import json
+
+    import yaml
+
+    model, profile = tmp_path / "micro2.yaml", tmp_path / "cpu.yaml"
+    model.write_text(MICRO2)
+    profile.write_text(yaml.safe_dump(CPU_PROFILE))
+    base = ("plan", "validate", "--profile", str(profile), "--size", str(model), "--parallel-size", str(model),
+            "--context-length", "32", "--checkpoint", "none", "--warmup", "0", "--steps", "1", "--format", "json")
+    # nccl without GPUs: the default mesh of one GPU, not run; the bench e2e rows still run on the CPU
+    r = lmsys(*base, "--backend", "nccl")
+    assert r.code == 0, r.err
+    e2e, meshes = json.loads(r.out)
+    assert [row["status"] for row in e2e["rows"]] == ["ok"]
+    (row,) = meshes["rows"]
+    assert row["mesh"] == "dp=1,tp=1,pp=1" and row["status"].startswith("cannot run: nccl needs CUDA GPUs")
+    assert row["measured ms"] is None and row["predicted ms"] > 0 and row["time error %"] is None
+    # meshes the model does not divide: said before any process starts, the others still run
+    r = lmsys(*base, "--device", "cpu", "--mesh", "tp=4", "--mesh", "pp=3")
+    assert r.code == 0, r.err
+    _, meshes = json.loads(r.out)
+    status = {row["mesh"]: row["status"] for row in meshes["rows"]}
+    assert "tp=4 does not divide the model's heads (2)" in status["dp=1,tp=4,pp=1"]
+    assert "2 layers cannot fill pp=3" in status["dp=1,tp=1,pp=3"]
+    assert all(s.startswith("cannot run: ") for s in status.values())
+    # option mistakes are one line, before anything runs
+    for args, message in ((("--mesh", "none", "--mesh", "dp=2"), "--mesh none leaves out"),
+                          (("--mesh", "dp=2", "--world-size", "4"), "runs 2 processes, not one of --world-size 4"),
+                          (("--mesh", "xp=2"), "each part is DIM=N"), (("--dp-strategy", "torch-ddp"), "--dp-strategy"),
+                          (("--parallel-size", "tiny,small"), "not a list"), (("--microbatches", "0"), "--microbatches")):
+        r = lmsys("plan", "validate", "--profile", str(profile), *args)
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, (args, r.err)
+
+
+def test_validate_layouts_and_default_meshes():
+    from lmsys.distributed.mesh import parse_mesh
+    from lmsys.plan import validate as val
+
+    plan = val.MeshPlan(meshes=[], size="tiny", context_length=128, backend="gloo", micro_batch=2, microbatches=4,
+                        dp_strategy="fsdp", pp_schedule="interleaved-1f1b", virtual_stages=2, sequence_parallel=True)
+    assert val.layout(parse_mesh("dp=2,tp=2,pp=2"), plan, checkpoint="block") == mem.Layout(
+        dp=2, tp=2, pp=2, zero=2, sp=True, schedule="interleaved", chunks=2, micro_batch=2, microbatches=4,
+        checkpoint="full")
+    assert val.layout(parse_mesh("tp=1"), replace(plan, dp_strategy="bucketed"), checkpoint="none") == mem.Layout(
+        micro_batch=2, microbatches=4)
+    assert val.default_meshes(1) == ["dp=1,tp=1,pp=1"]
+    assert val.default_meshes(2) == ["dp=2,tp=1,pp=1", "dp=1,tp=2,pp=1", "dp=1,tp=1,pp=2"]
+    assert val.default_meshes(4)[-1] == "dp=2,tp=2,pp=1"
+    assert val.default_world_sizes("gloo") == [2]
+    assert val.resolve_meshes(None, world_sizes=[2, 4], backend="gloo") == val.default_meshes(2) + val.default_meshes(4)
+    assert val.resolve_meshes(["tp=2", "dp=1,tp=2"], world_sizes=None, backend="gloo") == ["dp=1,tp=2,pp=1"]
+    # a CPU rank computes with its share of the threads the profile was measured with
+    assert val.thread_scale({"threads": 4}, "gloo", 2) * 4 == pytest.approx(__import__(
+        "lmsys.distributed.launch", fromlist=["rank_threads"]).rank_threads(2))
+    assert val.thread_scale({"threads": 4}, "nccl", 2) == 1.0 and val.thread_scale({}, "gloo", 2) == 1.0
 
 
 def test_host_op_counts_predict_a_deeper_model():
@@ -490,6 +667,13 @@ def test_host_op_counts_predict_a_deeper_model():
                               ops["opt_base"] + ops["opt_per_tensor"] * tensors)
     assert counts["block"][1] == 3 * (ops["bwd_layer"] + ops["recompute_layer"]) + ops["bwd_other"]
     assert ptime.param_tensors(replace(shape, layers=3), mem.Layout()) == tensors  # the planner's count
+    # selective recomputation runs the attention core's forward again: at least its ops, fewer than the block's
+    from lmsys.kernels.attention import attention
+
+    q, k, v = (torch.randn(1, 2, 8, 8, requires_grad=True) for _ in range(3))
+    with cal._Count() as core:
+        attention(q, k, v, is_causal=True, impl="naive")
+    assert core.n <= ops["recompute_core"] < ops["recompute_layer"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -105,54 +105,122 @@ def calibrate(
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
     if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
+    else:
+        notes.append(f"all-reduce rows: GB/s is busbw (nccl-tests: algbw · 2(n−1)/n), through the job `lmsys comm "
+                     f"all-reduce` runs; latency_us = the smallest size's median time, {prof['latency_us']:.1f} µs. "
+                     "plan train and validate take collective times from these points.")
     emit(Report("plan calibrate", rows, {**environment(dev), "model": shape.describe()}, notes), format, output)
 
 
 @app.command("validate")
 def validate(
     profile: Annotated[Path, typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine.")],
-    size: Annotated[Optional[str], typer.Option(help="Presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
-    checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's policies; block = full recomputation).")] = "none,block",
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")] = 1,
+    size: Annotated[Optional[str], typer.Option(help="bench e2e rows: presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list, for every row (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
+    checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's and parallel train's policies; block = full recomputation).")] = "none,block",
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step (bench e2e rows); per micro-batch per data-parallel rank (parallel train rows).")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 3,
+    mesh: Annotated[Optional[List[str]], typer.Option(help="parallel train rows: mesh degrees, e.g. dp=2,tp=2,pp=1 (missing dims are 1; each mesh runs on as many processes as its degrees multiply to). Repeat for more; `none` leaves the distributed rows out. Default: per world size n, dp=n, tp=n and pp=n (and dp=2,tp=n/2 from 4); one GPU: dp=1,tp=1,pp=1.")] = None,
+    world_size: Annotated[Optional[str], typer.Option(help="World sizes of the default meshes, comma list (default: 2 processes with gloo; with nccl 2, 4, 8 ... up to the GPUs visible, 1 on one GPU). With --mesh, each mesh's size must be one of them.")] = None,
+    parallel_size: Annotated[Optional[str], typer.Option("--parallel-size", help="parallel train rows: one model preset or .yaml (default: tiny with gloo, small with nccl, as parallel train).")] = None,
+    microbatches: Annotated[int, typer.Option(help="parallel train rows: micro-batches per step (of --batch-size sequences each).")] = 4,
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length of every row (default: each preset's own for bench e2e; 128 with gloo, 512 with nccl for parallel train, as parallel train).")] = None,
+    dp_strategy: Annotated[str, typer.Option(help="parallel train rows: bucketed | fsdp (lmsys's DDP or FSDP over the dp dim).")] = "bucketed",
+    pp_schedule: Annotated[str, typer.Option(help="parallel train rows: gpipe | 1f1b | interleaved-1f1b.")] = "1f1b",
+    virtual_stages: Annotated[int, typer.Option(help="parallel train rows: chunks per pipeline rank (interleaved-1f1b).")] = 1,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", metavar="", help="parallel train rows: sequence parallelism on the tp dim.")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="parallel train rows: gloo | nccl (default: as --device; nccl when a GPU is visible, else gloo).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
     quiet: QuietOpt = False,
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
-    """Run bench e2e here and print predicted beside measured step time and peak memory, with the errors."""
-    from lmsys.core.parsing import choose, parse_list
+    """Run bench e2e and parallel train here and print predicted beside measured step time and peak memory, with the errors."""
+    from lmsys.core.errors import LmsysError
+    from lmsys.core.parsing import choose, parse_int_list, parse_list
     from lmsys.core.results import Report
 
     check_render_options(format, output, device=device, quiet=quiet)
-    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1))
+    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
+                 virtual_stages=(virtual_stages, 1))
+    if context_length is not None:
+        check_counts(context_length=(context_length, 1))
     checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
+    choose(dp_strategy, ("bucketed", "fsdp"), what="--dp-strategy")
+    from lmsys.distributed.mesh import PP_SCHEDULES
+
+    choose(pp_schedule, PP_SCHEDULES, what="--pp-schedule")
+    if parallel_size is not None and "," in parallel_size:
+        raise LmsysError(f"--parallel-size {parallel_size}: one preset or .yaml config, not a list (the parallel "
+                         "train rows run one model)")
+    world_sizes = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    if world_sizes and min(world_sizes) < 1:
+        raise LmsysError(f"--world-size must be >= 1, got {min(world_sizes)}")
     from lmsys.plan.profile import load_profile
 
     prof = load_profile(profile)
 
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
-    from lmsys.plan.calibrate import validate as run
+    from lmsys.distributed import launch
+    from lmsys.model.config import default_context_length, default_size, get_config
+    from lmsys.plan import validate as val
 
+    if launch.under_torchrun():
+        raise LmsysError("plan validate launches its own processes for the parallel train rows; run it without torchrun")
     dev = resolve_device(device)
+    backend = launch.resolve_backend(launch.backend_for_device(device, backend))
+    launch.timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked once, here
     sizes = parse_list(size, str, what="--size") if size else (
         ["small", "medium", "large", "xl", "2.7b"] if dev.type == "cuda" else ["tiny"])
     dtypes = parse_list(dtype, str, what="--dtype") if dtype else (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
     for d in dtypes:
         check_dtype_for_device(d, dev)
+    meshes = val.resolve_meshes(mesh, world_sizes=world_sizes, backend=backend)
+    mesh_plan = None
+    if meshes:
+        rank_device = "cuda" if backend == "nccl" else "cpu"
+        psize = parallel_size or default_size(rank_device)
+        get_config(psize)  # a bad preset or .yaml: one line now
+        mesh_plan = val.MeshPlan(meshes=meshes, size=psize, context_length=context_length or default_context_length(rank_device),
+                                 backend=backend, micro_batch=batch_size, microbatches=microbatches,
+                                 dp_strategy=dp_strategy, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
+                                 sequence_parallel=sequence_parallel)
     from lmsys.core import progress
 
     with progress.display("plan validate"):
-        rows, summary = run(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size,
-                            warmup=warmup, steps=steps, device=dev, profile=prof)
+        e2e_rows, mesh_rows = val.validate(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size,
+                                           warmup=warmup, steps=steps, device=dev, profile=prof,
+                                           context_length=context_length, mesh_plan=mesh_plan)
     meta = {**environment(dev), "profile": f"{profile} ({prof['device']})"}
+    reports = [Report("plan validate", e2e_rows, meta, _error_notes(val.summary(e2e_rows), memory_here=dev.type == "cuda"))]
+    if mesh_plan is not None:
+        mp = mesh_plan
+        run = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "
+               f"micro-batches per dp rank, dp strategy {mp.dp_strategy}, {warmup} warm-up + {steps} timed steps; "
+               "lmsys.distributed.parallel_train's job, one launch per world size, no parity reference")
+        notes = _error_notes(val.summary(mesh_rows), memory_here=backend == "nccl") + [
+            "predicted: the planner for each row's layout (dp, tp, pp, schedule and chunks, micro-batch size and count, "
+            "dp strategy: bucketed = ZeRO-0, lmsys's FSDP = ZeRO-2 (gathered from its first forward to the gradient "
+            "sync), block = full recomputation), collectives from the profile's measured all-reduce times where it has "
+            "them.",
+        ]
+        if backend == "gloo" and prof.get("threads"):
+            scales = sorted({(n, launch.rank_threads(n)) for n in {row["world size"] for row in mesh_rows}})
+            notes.append(f"CPU: the profile was measured with {prof['threads']} thread(s); each gloo rank computes with "
+                         + ", ".join(f"{t} at world size {n}" for n, t in scales)
+                         + ": its compute and memory rates are scaled by that ratio (rates linear in threads).")
+        reports.append(Report("plan validate: parallel train", mesh_rows, {**meta, "run": run}, notes))
+    emit(reports, format, output)
+
+
+def _error_notes(summary: dict, *, memory_here: bool) -> list[str]:
     notes = []
     for key, value in summary.items():
         what = key.replace(" error %", "")
         if value is None:
-            notes.append(f"{what}: not measurable here" + (" (peak memory is tracked on CUDA only)" if what == "memory" else ""))
+            notes.append(f"{what}: not measurable here" + (" (peak memory is tracked on CUDA only)"
+                                                           if what == "memory" and not memory_here else ""))
         else:
             notes.append(f"{what} error: mean |error| {value[0]:.1f} %, max {value[1]:.1f} %")
-    emit(Report("plan validate", rows, meta, notes), format, output)
+    return notes

@@ -283,9 +283,20 @@ def child_environment(backend: str, world_size: int) -> dict[str, str]:
     src = str(Path(lmsys.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     # torchrun would set 1 and warn; give each rank its share of the cores instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    env.setdefault("OMP_NUM_THREADS", str(default_rank_threads(world_size)))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     return env
+
+
+def default_rank_threads(world_size: int) -> int:
+    """The threads each launched rank computes with when OMP_NUM_THREADS is not set: its share of the cores."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def rank_threads(world_size: int) -> int:
+    """The threads each launched rank computes with (OMP_NUM_THREADS as child_environment passes it on)."""
+    text = os.environ.get("OMP_NUM_THREADS")
+    return int(text) if text and text.isdigit() and int(text) > 0 else default_rank_threads(world_size)
 
 
 def _launch(target: str, kwargs: dict, *, world_size: int, backend: str) -> Any:

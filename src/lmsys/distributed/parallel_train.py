@@ -3,7 +3,8 @@
 On every rank of the group, `parallel_job` runs, per mesh: build the full model from the seed,
 `parallelize` it (TP -> PP -> DP), train `warmup + steps` steps on this dp rank's slice of the global
 batches (`BatchSource` of `ddp train`), time the timed steps, then gather the shards on rank 0 and compare
-the loss and every parameter with one process trained on the full global batch (`single_process_run`).
+the loss and every parameter with one process trained on the full global batch (`reference_run`; not
+with `parity=False`, as `plan validate` runs it: timing only).
 
 Rows: impl, mesh, schedule, ms/step (median), tokens/s (all ranks), MFU, peak memory and parameters per
 rank (max over ranks), communication ms per mesh dim, bubble % (idle over step time on the busiest
@@ -51,7 +52,7 @@ def parallel_job(ctx: RankContext, *, peak_tflops: Optional[float] = None, **kwa
 def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
                  pp_schedule: str, virtual_stages: int, microbatches: int, size: str, context_length: int,
                  batch_size: int, dtype: str, steps: int, warmup: int, checkpoint: str = "none",
-                 seed: int = 0) -> dict:
+                 seed: int = 0, parity: bool = True) -> dict:
     config = get_config(size).with_overrides(context_length=context_length)
     total = warmup + steps
     references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
@@ -61,7 +62,7 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
         spec = parse_mesh(text)
         global_batch = batch_size * spec.dp
         source = BatchSource(vocab_size=config.vocab_size, seq_len=context_length, global_batch=global_batch, seed=seed)
-        if ctx.is_main and global_batch not in references:
+        if parity and ctx.is_main and global_batch not in references:  # parity=False: no one-process reference
             references[global_batch] = reference_run(ctx, config, source, dtype=dtype, warmup=warmup, total=total,
                                                      seed=seed)
         barrier(ctx)

@@ -4,10 +4,11 @@ Calibration times, with lmsys.core.timing's timer: the model's GEMM shapes per d
 them), attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's naive
 attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), an elementwise multiply at the model's
 activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (the ops of a training
-step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and on a machine with
-2 or more GPUs the all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm
-allreduce` runs). Validation runs `bench e2e`'s library (lmsys.bench.e2e) and predicts each row with the
-profile.
+step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and the all-reduce
+busbw per size and world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the
+one launcher): with nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a
+CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency. Validation (plan/validate.py)
+predicts with the profile.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape
 from lmsys.plan.time import optimizer_bytes
 
-BUSBW_SIZES = (2**20, 2**23, 2**26, 2**28)
+# all-reduce sizes: on GPUs (nccl), and on a CPU (gloo, 2 processes: a few, so it stays quick); the first is
+# small enough that its time is the latency
+BUSBW_SIZES = (2**10, 2**20, 2**23, 2**26, 2**28)
+CPU_BUSBW_SIZES = (2**10, 2**14, 2**18, 2**22)
 
 
 def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]]:
@@ -33,11 +37,12 @@ def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]
 def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
               collectives: bool | None = None) -> tuple[dict, list[dict]]:
     """(profile, rows): the rates the time model uses, and one row per measurement. `collectives`: also
-    the all-reduce busbw (None: where 2 or more GPUs are visible); the profile has "busbw" when measured."""
+    the all-reduce busbw and latency (None: on a CPU, and on a GPU where 2 or more are visible); the
+    profile has "busbw" and "latency_us" when measured."""
     import torch
 
     if collectives is None:
-        collectives = torch.device(device).type == "cuda" and torch.cuda.device_count() >= 2
+        collectives = torch.device(device).type != "cuda" or torch.cuda.device_count() >= 2
 
     from lmsys.core.devices import device_name, torch_dtype
 
@@ -81,6 +86,8 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
                  "ms": ms, "GB/s": profile["optimizer_GBps"]})
     profile["host_overlap"] = device.type == "cuda"
+    if device.type == "cpu":  # the threads every rate above was measured with (plan validate scales by them)
+        profile["threads"] = torch.get_num_threads()
     profile["launch_us"], profile["ops"] = {}, {}
     for dtype in dtypes:
         us, ops, total = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
@@ -88,11 +95,10 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
         rows.append({"what": "host, per dispatched op", "dtype": dtype, "shape": f"{total} ops a tiny step",
                      "ms": us * total / 1e3, "µs/op": us})
     if collectives:
-        profile["busbw"] = {}
-        for n, points in _busbw(dtypes[-1], warmup=warmup, steps=steps).items():
-            profile["busbw"][n] = points
-            rows += [{"what": f"all-reduce on {n} GPUs", "dtype": dtypes[-1], "shape": f"{size // MiB} MiB",
-                      "GB/s": bw} for size, bw in points.items()]
+        busbw, latency_us, comm_rows = _busbw(device, dtypes[-1], warmup=warmup, steps=steps)
+        if busbw:
+            profile["busbw"], profile["latency_us"] = busbw, latency_us
+        rows += comm_rows
     return profile, rows
 
 
@@ -107,14 +113,15 @@ def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:
     params = [torch.nn.Parameter(torch.randn(numel // 4, device=device)) for _ in range(4)]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = make_optimizer(params, lr=1e-3, kind=_step_options(device, "fp32")["optimizer"])
+    opt = make_optimizer(params, lr=1e-3, kind=plain_step_options(device, "fp32")["optimizer"])
     return time_fn(opt.step, warmup=warmup, steps=steps, device=device).median, numel
 
 
 def host_ops(m: ModelShape, *, device, dtype: str) -> tuple[dict, int]:
     """(OpCounts fields, ops of the 2-block step): the ops eager PyTorch dispatches in a training step of
     lmsys's model (bench e2e's plain path, `m`'s attention) at a tiny width, counted with a dispatch mode
-    for 1 and 2 blocks, with and without full recomputation; the difference is one block's."""
+    for 1 and 2 blocks, with and without full recomputation; the difference is one block's. Selective
+    recomputation's extra (`recompute_core`): the attention core alone, checkpointed or not (`_core_ops`)."""
     counts = {}
     for layers in (1, 2):
         for checkpoint in ("none", "block"):
@@ -134,8 +141,37 @@ def host_ops(m: ModelShape, *, device, dtype: str) -> tuple[dict, int]:
     per_tensor = (o2 - o1) / (t2 - t1)
     ops = {"fwd_layer": f2 - f1, "bwd_layer": b2 - b1, "recompute_layer": (b2_full - b2) / 2,
            "fwd_other": 2 * f1 - f2, "bwd_other": 2 * b1 - b2, "opt_base": o1 - per_tensor * t1,
-           "opt_per_tensor": per_tensor}
+           "opt_per_tensor": per_tensor, "recompute_core": _core_ops(m, device=device, dtype=dtype)}
     return ops, f2 + b2 + o2
+
+
+def _core_ops(m: ModelShape, *, device, dtype: str) -> int:
+    """What selective recomputation dispatches again per block: the ops the backward of a checkpointed
+    attention core (the model's attention call: `m`'s kind, its kv heads, the step's autocast) runs beyond
+    the plain core's backward, at a tiny shape (the core's forward again and the checkpoint's own ops, as
+    `recompute_layer` counts them for the whole block)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from lmsys.core.devices import torch_dtype
+    from lmsys.kernels.attention import attention
+
+    impl = "naive" if m.attention == "naive" else "sdpa"
+    kv = 1 if m.kv_heads != m.heads else 2
+
+    def core(q, k, v):
+        return attention(q, k, v, is_causal=True, impl=impl)
+
+    counts = []
+    for recompute in (False, True):
+        q = torch.randn(1, 2, 8, 8, device=device, requires_grad=True)
+        k, v = (torch.randn(1, kv, 8, 8, device=device, requires_grad=True) for _ in range(2))
+        with torch.autocast(device.type, dtype=torch_dtype(dtype), enabled=dtype != "fp32"):
+            out = checkpoint(core, q, k, v, use_reentrant=False) if recompute else core(q, k, v)
+        with _Count() as bwd:
+            out.float().sum().backward()
+        counts.append(bwd.n)
+    return counts[1] - counts[0]
 
 
 def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str):
@@ -144,7 +180,7 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
     from lmsys.train.build import build_train_step
     from lmsys.train.step import random_batch
 
-    options = _step_options(device, dtype)
+    options = plain_step_options(device, dtype)
     options.pop("attn_impl")
     cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
                       attn_impl="naive" if m.attention == "naive" else "sdpa",
@@ -156,7 +192,7 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
     return step, inputs, targets
 
 
-def _step_options(device, dtype: str) -> dict:
+def plain_step_options(device, dtype: str) -> dict:
     """bench e2e's plain path (what validate runs): naive attention, eager, AdamW (fused on a GPU)."""
     from lmsys.bench import e2e
 
@@ -221,75 +257,38 @@ def _attention(m: ModelShape, *, device, dt, batch: int, warmup: int, steps: int
     return ms, flops, label
 
 
-def _busbw(dtype: str, *, warmup: int, steps: int) -> dict:
-    """{world size: {bytes: busbw GB/s}} for all-reduce on 2, 4, 8 ... GPUs of this machine."""
+def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float | None, list[dict]]:
+    """({world size: {bytes: busbw GB/s}}, latency µs, rows) of all-reduce through lmsys.bench.comm's job:
+    nccl on 2, 4, 8 ... of this machine's GPUs; gloo on 2 processes on a CPU (fp32: gloo reduces no bf16
+    on every torch). The latency: the median time of the smallest size on the fewest ranks."""
     import torch
 
+    from lmsys.core.parsing import format_bytes
     from lmsys.distributed import launch
 
+    if device.type == "cuda":
+        backend, sizes, worlds = "nccl", BUSBW_SIZES, []
+        n = 2
+        while n <= torch.cuda.device_count():
+            worlds.append(n)
+            n *= 2
+        where = "GPUs"
+    else:
+        backend, sizes, worlds, dtype, where = "gloo", CPU_BUSBW_SIZES, [2], "fp32", "processes (gloo)"
     out: dict = {}
-    n = 2
-    while n <= torch.cuda.device_count():
-        result = launch.run("lmsys.bench.comm:collective_job",
-                            dict(collective="all-reduce", sizes=list(BUSBW_SIZES), labels=[str(s) for s in BUSBW_SIZES],
-                                 dtype=dtype, warmup=warmup, iters=steps, baseline=False),
-                            world_size=n, backend="nccl")
-        if result is None:
-            return out
-        out[n] = {size: row["busbw GB/s"] for size, row in zip(BUSBW_SIZES, result["rows"]) if row.get("busbw GB/s")}
-        n *= 2
-    return out
-
-
-# ------------------------------------------------------------------------------------------ validate
-
-def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int,
-             steps: int, device, profile: dict) -> tuple[list[dict], dict]:
-    """Run bench e2e (mode train) over sizes × dtypes × checkpoint policies and predict each row with
-    `profile`. Returns (rows, summary {mean/max |error| % of step time and memory})."""
-    from lmsys.bench import e2e
-    from lmsys.model.config import resolve_configs
-    from lmsys.core.parsing import MiB as _MiB
-    from lmsys.plan import memory as mem
-    from lmsys.plan.profile import rates as profile_rates
-    from lmsys.plan.shape import from_model_config
-    from lmsys.plan.time import step_time
-
     rows: list[dict] = []
-    for dtype in dtypes:
-        options = _step_options(device, dtype)
-        attn_impl = options.pop("attn_impl")
-        for size in sizes:
-            (name, cfg), = resolve_configs([size], context_length=_context(size), attn_impl=attn_impl)
-            workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
-                                              dtype=dtype, cuda_graphs=False, **options)
-            measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
-            for (_, workload), got in zip(workloads, measured):
-                shape = from_model_config(cfg, name=name)
-                lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
-                prec = mem.precision(dtype, master_weights=False)
-                st = step_time(shape, lay, prec, profile_rates(profile, dtype), gpus_per_node=1)
-                predicted_mem = mem.memory(shape, lay, prec, capacity=float("inf")).total
-                ms = got["ms/step"].mean if got.get("status") == "ok" else None
-                peak = got.get("peak step MiB")
-                rows.append({
-                    "size": name, "dtype": dtype, "checkpoint": workload.checkpoint,
-                    "predicted ms": st.total, "measured ms": ms, "time error %": _err(st.total, ms),
-                    "predicted MiB": predicted_mem / _MiB, "measured MiB": peak,
-                    "memory error %": _err(predicted_mem / _MiB, peak), "status": got.get("status"),
-                })
-    summary = {}
-    for key in ("time error %", "memory error %"):
-        errs = [abs(r[key]) for r in rows if r[key] is not None]
-        summary[key] = (sum(errs) / len(errs), max(errs)) if errs else None
-    return rows, summary
-
-
-def _context(size: str) -> int:
-    from lmsys.model.config import get_config
-
-    return get_config(size).context_length
-
-
-def _err(predicted: float, measured: float | None) -> float | None:
-    return None if measured in (None, 0) else 100 * (predicted - measured) / measured
+    latency_us = None
+    for n in worlds:
+        result = launch.run("lmsys.bench.comm:collective_job",
+                            dict(collective="all-reduce", sizes=list(sizes), labels=[str(s) for s in sizes],
+                                 dtype=dtype, warmup=max(warmup, 1), iters=max(steps, 3), baseline=False),
+                            world_size=n, backend=backend)
+        if result is None:  # a torchrun worker other than rank 0
+            return out, latency_us, rows
+        measured = [(size, row) for size, row in zip(sizes, result["rows"]) if row.get("busbw GB/s")]
+        out[n] = {size: row["busbw GB/s"] for size, row in measured}
+        if latency_us is None and measured:
+            latency_us = measured[0][1]["median ms"] * 1e3
+        rows += [{"what": f"all-reduce on {n} {where}", "dtype": dtype, "shape": format_bytes(size),
+                  "ms": row["median ms"], "GB/s": row["busbw GB/s"]} for size, row in measured]
+    return out, latency_us, rows

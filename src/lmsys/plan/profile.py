@@ -1,10 +1,12 @@
 """A calibration profile: the rates `lmsys plan calibrate` measured on one machine, as YAML or JSON.
 
 Keys: device (its name), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
-({world size: {bytes: GB/s}}), latency_us, and intra_GBps / inter_GBps when known; elementwise_GBps and
-optimizer_GBps, host_overlap (a GPU: true), launch_us ({dtype: µs per dispatched op}) and ops ({dtype:
-OpCounts' fields}) where calibrated (an older profile without them: the HBM rate and the defaults). `rates` turns a
-profile into the time model's Rates for one dtype. Torch-free.
+({world size: {bytes: all-reduce busbw GB/s}}: nccl on GPUs, gloo on a CPU) and latency_us (the smallest
+all-reduce's time) where measured, and intra_GBps / inter_GBps when known; elementwise_GBps and
+optimizer_GBps, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
+launch_us ({dtype: µs per dispatched op}) and ops ({dtype: OpCounts' fields}) where calibrated (an older
+profile without them: the HBM rate and the defaults). `rates` turns a profile into the time model's Rates
+for one dtype. Torch-free.
 """
 
 from __future__ import annotations

@@ -18,11 +18,16 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   slowest stage (the last, with the LM head, or the first) sets the pace of the m micro-batches.
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
   twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
-  (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`.
+  (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`. Measured (a
+  profile's all-reduce busbw per size on n ranks): the all-reduce time at each measured size, linear
+  between them, the smallest size's time below it (the latency floor) and the largest size's busbw above
+  it; other collectives scale it by their bus factor (their busbw is the all-reduce's), and no latency
+  is added (the measured times hold it).
 - The optimizer (AdamW) streams its state once: bytes per parameter in `optimizer_bytes`, at the
   optimizer rate (calibrated: the AdamW this machine runs; else the HBM rate).
 - Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
-  `launch_us` of host time. On a GPU the host queues ahead of the device: each phase (a micro-batch's
+  `launch_us` of host time; recomputation dispatches the recomputed ops again in the backward (full:
+  the block's forward; selective: the attention core's). On a GPU the host queues ahead of the device: each phase (a micro-batch's
   forward, its backward, the optimizer) takes max(device, host), and what the host adds is the `host`
   term. On a CPU the host is the device: the host time adds in full.
 Torch-free.
@@ -51,13 +56,15 @@ class Efficiency:
 @dataclass(frozen=True)
 class OpCounts:
     """Ops eager PyTorch dispatches per training step, by phase: per block (forward, backward, and the
-    backward's extra with full recomputation), outside the blocks (embedding, final norm, head, loss), and
+    backward's extra with recomputation: full repeats the block's forward and the checkpoint's own ops,
+    selective the attention core's forward), outside the blocks (embedding, final norm, head, loss), and
     the optimizer (a fixed part and one per parameter tensor). The defaults are lmsys's block (naive
     attention, fp32, counted with a dispatch mode) and a fused AdamW; `plan calibrate` counts the run's own."""
 
     fwd_layer: float = 80
     bwd_layer: float = 132
-    recompute_layer: float = 131
+    recompute_layer: float = 131  # full recomputation: the block's forward again, inside its backward
+    recompute_core: float = 26  # selective: the attention core's forward again (naive: QKᵀ, scale, mask, softmax, ·V)
     fwd_other: float = 19
     bwd_other: float = 35
     opt_base: float = 12
@@ -82,11 +89,8 @@ class Rates:
     overlap: bool = True  # the host queues ahead of the device (a GPU); False: one after the other (a CPU)
     ops: OpCounts = OpCounts()
 
-    def link(self, group: int, *, inter: bool, nbytes: float) -> float:
-        """busbw (GB/s) of a collective over `group` GPUs, within a node or across nodes."""
-        measured = self.busbw.get(group) or self.busbw.get(str(group))
-        if measured and not inter:
-            return _interpolate(measured, nbytes)
+    def link(self, group: int, *, inter: bool) -> float:
+        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes."""
         if inter:
             if self.inter_GBps is None:
                 from lmsys.core.errors import LmsysError
@@ -94,14 +98,44 @@ class Rates:
                 raise LmsysError("the mesh spans nodes but the network bandwidth is unknown; give network_GBps "
                                  "in --cluster FILE.yaml")
             return self.inter_GBps
+        if not self.intra_GBps:
+            from lmsys.core.errors import LmsysError
+
+            raise LmsysError(f"no bandwidth between {group} ranks here: the profile has no all-reduce busbw on "
+                             f"{group} and no table figure to fall back on; calibrate where {group} ranks run")
         return self.intra_GBps
 
+    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False) -> float:
+        """ms of one collective (`BUS_FACTORS`' kinds) of `nbytes` (the full buffer, as nccl-tests counts
+        it) over `group` ranks: from the measured all-reduce times on `group` ranks when the profile has
+        them (within a node), else latency + bytes · bus factor / the table's busbw (an all-reduce as a
+        reduce-scatter and an all-gather: two latencies)."""
+        factor = BUS_FACTORS[kind](group)
+        measured = self.busbw.get(group) or self.busbw.get(str(group))
+        if measured and not inter:
+            return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
+        bw = self.link(group, inter=inter) * 1e9 / 1e3  # bytes per ms
+        return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
 
-def _interpolate(points: dict, nbytes: float) -> float:
-    """busbw at `nbytes` from measured (bytes -> GB/s) points: the nearest measured size at or below it."""
-    sizes = sorted((int(k), float(v)) for k, v in points.items())
-    below = [bw for size, bw in sizes if size <= nbytes]
-    return below[-1] if below else sizes[0][1]
+
+# busbw / algbw, nccl-tests' convention (as lmsys.bench.comm.BUS_FACTORS; send: what crosses one link)
+BUS_FACTORS = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+               "reduce-scatter": lambda n: (n - 1) / n, "send": lambda n: 1.0}
+
+
+def allreduce_ms(points: dict, *, group: int, nbytes: float) -> float:
+    """An all-reduce's ms at `nbytes` on `group` ranks from measured (bytes -> busbw GB/s) points: each
+    point's time is bytes · 2(n-1)/n / busbw; linear between points, the smallest point's time below
+    them (latency-bound), the largest point's busbw above them."""
+    factor = BUS_FACTORS["all-reduce"](group)
+    times = sorted((int(k), int(k) * factor / (float(v) * 1e9) * 1e3) for k, v in points.items())
+    if nbytes <= times[0][0]:
+        return times[0][1]
+    for (b0, t0), (b1, t1) in zip(times, times[1:]):
+        if nbytes <= b1:
+            return t0 + (nbytes - b0) / (b1 - b0) * (t1 - t0)
+    b_last, t_last = times[-1]
+    return t_last * nbytes / b_last
 
 
 def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops: float | None = None) -> Rates:
@@ -172,11 +206,13 @@ def optimizer_bytes(prec: Precision) -> int:
 
 def host_ms(m: ModelShape, lay: Layout, rates: Rates, *, tensors: int) -> tuple[float, float, float]:
     """Host time (ms) of one micro-batch's forward and backward on a stage, and of the optimizer step
-    over `tensors` parameter tensors: dispatched ops × launch_us."""
+    over `tensors` parameter tensors: dispatched ops × launch_us. Recomputation dispatches its ops again
+    in the backward of every block: the whole forward (full) or the attention core's (selective)."""
     ops, us = rates.ops, rates.launch_us / 1e3
     layers = m.layers / lay.pp
+    again = {"none": 0.0, "selective": ops.recompute_core, "full": ops.recompute_layer}[lay.checkpoint]
     fwd = (layers * ops.fwd_layer + ops.fwd_other) * us
-    bwd = (layers * (ops.bwd_layer + (ops.recompute_layer if lay.checkpoint == "full" else 0)) + ops.bwd_other) * us
+    bwd = (layers * (ops.bwd_layer + again) + ops.bwd_other) * us
     return fwd, bwd, (ops.opt_base + ops.opt_per_tensor * tensors) * us
 
 
@@ -195,7 +231,6 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     mm = rates.matmul_tflops * 1e12 / 1e3  # FLOPs per ms
     ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
     opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
-    lat = rates.latency_us / 1e3
 
     # one block, one micro-batch, one GPU
     gemm = 2 * tokens * layer_matmul_params(m) / t
@@ -209,6 +244,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         attn_bwd = 2 * attn_fwd
     fwd = gemm / mm + attn_fwd + (outside + core) / ew
     bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew
+    # what the backward runs again, once per block per micro-batch: the attention core's forward
+    # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
     recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
 
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
@@ -216,11 +253,12 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_inter = t * lay.dp > gpus_per_node
     pp_inter = t * lay.dp * p > gpus_per_node and p > 1 and t * lay.dp >= gpus_per_node
     act_bytes = tokens * h * prec.act
-    tp_block = 0.0
+    tp_block = tp_fwd = 0.0
     if t > 1:
-        bw = rates.link(t, inter=tp_inter, nbytes=act_bytes) * 1e9 / 1e3
-        allreduce = 2 * act_bytes * (t - 1) / t / bw + 2 * lat
+        allreduce = rates.collective_ms("all-reduce", t, nbytes=act_bytes, inter=tp_inter)
+        tp_fwd = 2 * allreduce  # the backward has 2, and the recomputed forward's 2 with full recomputation
         tp_block = 4 * allreduce + (2 * allreduce if lay.checkpoint == "full" else 0)
+    tp_bwd = tp_block - tp_fwd
 
     layers = m.layers / p
     per_mb_layers = layers * (fwd + bwd)
@@ -236,14 +274,13 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     pp_mb = 0.0
     if p > 1:
         sent = act_bytes / (t if lay.sp else 1)
-        bw = rates.link(2, inter=pp_inter, nbytes=sent) * 1e9 / 1e3
-        pp_mb = 2 * lay.chunks * (sent / bw + lat)
+        pp_mb = 2 * lay.chunks * rates.collective_ms("send", 2, nbytes=sent, inter=pp_inter)
 
     # the host: per phase max(device, host) on a GPU, device + host on a CPU; what it adds is `host`
     tensors = param_tensors(m, lay)
     host_fwd, host_bwd, host_opt = host_ms(m, lay, rates, tensors=tensors)
-    dev_fwd = layers * (fwd + tp_block / 2) + extra / 3
-    dev_bwd = layers * (bwd + tp_block / 2) + per_mb_recompute + 2 * extra / 3
+    dev_fwd = layers * (fwd + tp_fwd) + extra / 3
+    dev_bwd = layers * (bwd + tp_bwd) + per_mb_recompute + 2 * extra / 3
     host_mb = (max(0.0, host_fwd - dev_fwd) + max(0.0, host_bwd - dev_bwd)) if rates.overlap else host_fwd + host_bwd
 
     mbs = lay.microbatches
@@ -259,13 +296,13 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_comm = 0.0
     if lay.dp > 1:
         d = lay.dp
-        bw = rates.link(d, inter=dp_inter, nbytes=n * prec.grad) * 1e9 / 1e3
-        grads = n * prec.grad * (d - 1) / d / bw + lat
-        params = n * prec.weight * (d - 1) / d / bw + lat
-        bwd_mb = layers * (bwd + tp_block / 2)
-        fwd_mb = layers * (fwd + tp_block / 2)
+        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter)
+        params = rates.collective_ms("all-gather", d, nbytes=n * prec.weight, inter=dp_inter)
+        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter)
+        bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
+        fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:
-            dp_comm = max(0.0, 2 * grads - bwd_mb) + (params if lay.zero == 1 else 0.0)
+            dp_comm = max(0.0, allreduce - bwd_mb) + (params if lay.zero == 1 else 0.0)
         elif lay.zero == 2:
             dp_comm = max(0.0, grads - bwd_mb) + params
         else:

@@ -1,0 +1,328 @@
+"""`plan validate`: run the measured counterparts on this machine and hold the planner's predictions against them.
+
+Two kinds of rows, each predicted with a calibration profile (`lmsys plan calibrate`) and measured through
+the library functions the commands call:
+- bench e2e (`e2e_rows`): lmsys.bench.e2e's train mode over sizes × dtypes × checkpoint policies, one
+  process (the planner's degenerate layout; block checkpointing = full recomputation).
+- parallel train (`mesh_rows`): lmsys.distributed.parallel_train's job (what `lmsys parallel train`
+  runs; its dp-only meshes run lmsys's bucketed DDP or FSDP, `ddp train`'s bucketed and fsdp wrappers)
+  over the meshes × dtypes × checkpoint policies, one launch of lmsys's one launcher per world size, the
+  one-process parity reference left out (timing only). Each row is predicted for its exact layout: dp, tp
+  and pp degrees, sequence parallelism, the pipeline schedule and its chunks, micro-batch size and count,
+  the dp strategy (bucketed: ZeRO-0; lmsys's FSDP, which keeps a unit gathered from its first forward of
+  a step to the gradient sync: ZeRO-2's memory, weights whole and gradients and optimizer sharded) and
+  the recomputation.
+A row that cannot run here (nccl without GPUs, a world size above the GPUs visible, a mesh the model
+does not divide) says why in its status; the others run.
+
+On a CPU the gloo ranks share the cores: each computes with `launch.rank_threads(n)` threads where the
+profile was measured with `threads`, so its compute and memory rates (not the host's per-op cost) are
+taken as the profile's × rank threads / profile threads (one assumption for every row: rates linear in
+threads). Peak memory is tracked on CUDA only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from lmsys.core.errors import LmsysError
+
+DP_ZERO = {"bucketed": 0, "fsdp": 2}  # parallel train's lmsys dp strategies -> the planner's ZeRO stage
+PLANNER_SCHEDULE = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved"}
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The distributed rows to run: meshes (labels `parse_mesh` reads) and what parallel train takes."""
+
+    meshes: list[str]
+    size: str
+    context_length: int
+    backend: str
+    micro_batch: int  # sequences per micro-batch per dp rank
+    microbatches: int
+    dp_strategy: str = "bucketed"
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+
+
+# -------------------------------------------------------------------------------------------- options
+
+def default_world_sizes(backend: str) -> list[int]:
+    """gloo: 2 processes; nccl: 1, 2, 4, 8 ... up to the GPUs visible (1 GPU: 1)."""
+    if backend != "nccl":
+        return [2]
+    import torch
+
+    n, sizes = 2, []
+    while n <= torch.cuda.device_count():
+        sizes.append(n)
+        n *= 2
+    return sizes or [1]
+
+
+def default_meshes(world_size: int) -> list[str]:
+    """One world size's meshes: each parallelism alone (dp, tp, pp = n), and dp=2 × tp=n/2 from 4 ranks;
+    one rank: the degenerate mesh."""
+    n = world_size
+    if n == 1:
+        return ["dp=1,tp=1,pp=1"]
+    meshes = [f"dp={n},tp=1,pp=1", f"dp=1,tp={n},pp=1", f"dp=1,tp=1,pp={n}"]
+    if n >= 4 and n % 2 == 0:
+        meshes.append(f"dp=2,tp={n // 2},pp=1")
+    return meshes
+
+
+def resolve_meshes(given: Optional[list[str]], *, world_sizes: Optional[list[int]], backend: str) -> list[str]:
+    """--mesh (repeatable; `none`: no distributed rows) and --world-size -> mesh labels, checked for their
+    syntax here (torch-free); what each mesh needs of the model and the machine is its row's status."""
+    from lmsys.distributed.mesh import parse_mesh
+
+    if given and any(m.strip().lower() == "none" for m in given):
+        if len(given) > 1:
+            raise LmsysError("--mesh none leaves out the distributed rows; give it alone")
+        return []
+    if not given:
+        return [m for n in (world_sizes or default_world_sizes(backend)) for m in default_meshes(n)]
+    specs = [parse_mesh(m) for m in given]
+    if world_sizes:
+        for spec in specs:
+            if spec.world_size not in world_sizes:
+                raise LmsysError(f"--mesh {spec.label} runs {spec.world_size} processes, not one of --world-size "
+                                 f"{','.join(map(str, world_sizes))}", hint="leave --world-size out with --mesh")
+    return list(dict.fromkeys(spec.label for spec in specs))
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int, steps: int,
+             device, profile: dict, context_length: Optional[int] = None,
+             mesh_plan: Optional[MeshPlan] = None) -> tuple[list[dict], list[dict]]:
+    """(bench e2e rows, parallel train rows); `summary(rows)` gives each table's errors."""
+    e2e = e2e_rows(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size, warmup=warmup,
+                   steps=steps, device=device, profile=profile, context_length=context_length)
+    meshes = [] if mesh_plan is None or not mesh_plan.meshes else mesh_rows(
+        mesh_plan, dtypes=dtypes, checkpoints=checkpoints, warmup=warmup, steps=steps, profile=profile)
+    return e2e, meshes
+
+
+def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int,
+             steps: int, device, profile: dict, context_length: Optional[int] = None) -> list[dict]:
+    """bench e2e (mode train) over sizes × dtypes × checkpoint policies, each predicted with `profile`."""
+    from lmsys.bench import e2e
+    from lmsys.model.config import get_config, resolve_configs
+    from lmsys.plan import memory as mem
+    from lmsys.plan.calibrate import plain_step_options
+    from lmsys.plan.shape import from_model_config
+
+    rows: list[dict] = []
+    for dtype in dtypes:
+        options = plain_step_options(device, dtype)
+        attn_impl = options.pop("attn_impl")
+        for size in sizes:
+            seq = context_length or get_config(size).context_length
+            (name, cfg), = resolve_configs([size], context_length=seq, attn_impl=attn_impl)
+            workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
+                                              dtype=dtype, cuda_graphs=False, **options)
+            measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
+            for (_, workload), got in zip(workloads, measured):
+                lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
+                ms = got["ms/step"].mean if got.get("status") == "ok" else None
+                row = {"size": name, "dtype": dtype, "checkpoint": workload.checkpoint}
+                row.update(_compare(from_model_config(cfg, name=name), lay, dtype=dtype, profile=profile,
+                                    gpus_per_node=1, scale=1.0, ms=ms, peak_mib=got.get("peak step MiB")))
+                row["status"] = got.get("status")
+                rows.append(row)
+    return rows
+
+
+def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warmup: int, steps: int,
+              profile: dict) -> list[dict]:
+    """parallel train's job over plan.meshes × dtypes × checkpoints: one launch per world size (the
+    meshes that can run there), each row predicted for its layout; rows that cannot run say why."""
+    from lmsys.distributed.mesh import parse_mesh
+    from lmsys.model.config import get_config
+
+    config = get_config(plan.size).with_overrides(context_length=plan.context_length)
+    runnable: dict[int, list[str]] = {}
+    why_not: dict[str, str] = {}
+    for label in plan.meshes:
+        spec = parse_mesh(label)
+        why = cannot_run(spec, plan, config=config)
+        if why:
+            why_not[label] = why
+        else:
+            runnable.setdefault(spec.world_size, []).append(label)
+    measured: dict[tuple[str, str, str], dict] = {}
+    for n, labels in sorted(runnable.items()):
+        jobs = [(dtype, ckpt) for dtype in dtypes for ckpt in checkpoints if dtype != "fp16"]
+        for (dtype, ckpt), rows in zip(jobs, _launch(plan, labels, jobs, world_size=n, warmup=warmup, steps=steps)):
+            for label, row in zip(labels, rows):
+                measured[label, dtype, ckpt] = row
+    out = []
+    for label in plan.meshes:
+        spec = parse_mesh(label)
+        for dtype in dtypes:
+            for ckpt in checkpoints:
+                why = why_not.get(label) or ("cannot run: parallel train with fp16 needs a gradient scaler across "
+                                             "stages, which it does not have; use bf16" if dtype == "fp16" else None)
+                got = measured.get((label, dtype, ckpt), {})
+                row = {"world size": spec.world_size, "mesh": spec.label,
+                       "dp strategy": plan.dp_strategy if spec.dp > 1 else "-",
+                       "schedule": _schedule_label(plan, spec), "dtype": dtype, "checkpoint": ckpt}
+                ok = got.get("status") == "ok"
+                row.update(_compare(_shape(config, plan.size), layout(spec, plan, checkpoint=ckpt), dtype=dtype,
+                                    profile=profile, gpus_per_node=spec.world_size,
+                                    scale=thread_scale(profile, plan.backend, spec.world_size),
+                                    ms=got.get("ms/step") if ok else None,
+                                    peak_mib=got.get("peak MiB/rank") if ok else None))
+                row["status"] = why or got.get("status") or "error: no result"
+                out.append(row)
+    return out
+
+
+def cannot_run(spec, plan: MeshPlan, *, config) -> Optional[str]:
+    """Why a mesh cannot run here (its row's status), or None: the backend and the GPUs it needs, then
+    everything `parallel train` checks before it starts (degrees against the model, the schedule)."""
+    import torch
+
+    from lmsys.distributed.mesh import check_plan
+
+    n = spec.world_size
+    if plan.backend == "nccl":
+        if not torch.cuda.is_available():
+            return "cannot run: nccl needs CUDA GPUs, and PyTorch sees none (gloo runs on the CPU)"
+        if n > torch.cuda.device_count():
+            return f"cannot run: world size {n} with nccl needs {n} GPUs (one per rank); {torch.cuda.device_count()} visible"
+    try:
+        check_plan(spec, world_size=n, num_heads=config.num_heads, kv_heads=config.kv_heads, d_ff=config.d_ff,
+                   vocab_size=config.vocab_size, num_layers=config.num_layers, schedule=plan.pp_schedule,
+                   microbatches=plan.microbatches, virtual_stages=plan.virtual_stages)
+    except LmsysError as exc:
+        return f"cannot run: {exc.message}"
+    if plan.sequence_parallel and spec.tp > 1 and plan.context_length % spec.tp:
+        return f"cannot run: sequence parallelism: tp={spec.tp} does not divide the context {plan.context_length}"
+    return None
+
+
+def _launch(plan: MeshPlan, labels: list[str], jobs: list[tuple[str, str]], *, world_size: int, warmup: int,
+            steps: int) -> list[list[dict]]:
+    """One launch of `validate_job` at `world_size`: per (dtype, checkpoint), parallel train's rows for
+    `labels`. A failed launch: every row says why."""
+    from lmsys.distributed import launch
+
+    runs = [dict(meshes=labels, impls=["lmsys"], dp_strategy=plan.dp_strategy,
+                 sequence_parallel=plan.sequence_parallel, pp_schedule=plan.pp_schedule,
+                 virtual_stages=plan.virtual_stages, microbatches=plan.microbatches, size=plan.size,
+                 context_length=plan.context_length, batch_size=plan.micro_batch * plan.microbatches, dtype=dtype,
+                 steps=steps, warmup=warmup, checkpoint=ckpt, parity=False) for dtype, ckpt in jobs]
+    try:
+        result = launch.run("lmsys.plan.validate:validate_job", dict(runs=runs), world_size=world_size,
+                            backend=plan.backend)
+    except LmsysError as exc:
+        return [[{"status": f"cannot run: {exc.message}"}] * len(labels) for _ in jobs]
+    except launch.RankFailedError as exc:
+        return [[{"status": f"error: {exc.message}"}] * len(labels) for _ in jobs]
+    return result["runs"]
+
+
+def validate_job(ctx, *, runs: list[dict]) -> dict:
+    """On every rank of one launch: parallel train's job once per run (a dtype and checkpoint policy over
+    the world size's meshes); rank 0's rows per run."""
+    from lmsys.distributed.parallel_train import parallel_job
+
+    return {"runs": [parallel_job(ctx, **run)["rows"] for run in runs]}
+
+
+# ----------------------------------------------------------------------------------------- predicting
+
+def layout(spec, plan: MeshPlan, *, checkpoint: str):
+    """The planner's Layout of a parallel train row: its degrees, schedule, micro-batches, dp strategy
+    (bucketed: ZeRO-0; lmsys's FSDP: ZeRO-2, see the module docstring) and recomputation (block = full)."""
+    from lmsys.plan.memory import Layout
+
+    pp = spec.pp
+    schedule = "none" if pp == 1 else PLANNER_SCHEDULE[plan.pp_schedule]
+    chunks = plan.virtual_stages if schedule == "interleaved" else 1
+    return Layout(dp=spec.dp, tp=spec.tp, pp=pp, zero=DP_ZERO[plan.dp_strategy] if spec.dp > 1 else 0,
+                  sp=plan.sequence_parallel and spec.tp > 1, schedule=schedule, chunks=chunks,
+                  micro_batch=plan.micro_batch, microbatches=plan.microbatches,
+                  checkpoint="full" if checkpoint == "block" else "none")
+
+
+def thread_scale(profile: dict, backend: str, world_size: int) -> float:
+    """On a CPU, a rank's compute rates over the profile's: its threads over those it was measured with."""
+    from lmsys.distributed.launch import rank_threads
+
+    if backend == "nccl" or not profile.get("threads"):
+        return 1.0
+    return rank_threads(world_size) / float(profile["threads"])
+
+
+def rates_for(profile: dict, dtype: str, *, scale: float = 1.0):
+    """The profile's rates for `dtype` (links it did not measure: the GPU table's, where it knows the
+    device), compute and memory rates × `scale`."""
+    from lmsys.core.hardware import find_gpu
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.time import table_rates
+
+    gpu = find_gpu(profile["device"])
+    fallback = table_rates(gpu, dtype) if gpu is not None and gpu.peak(dtype) is not None else None
+    rates = profile_rates(profile, dtype, fallback=fallback)
+    if scale == 1.0:
+        return rates
+    return replace(rates, matmul_tflops=rates.matmul_tflops * scale, attention_tflops=rates.attention_tflops * scale,
+                   hbm_GBps=rates.hbm_GBps * scale,
+                   elementwise_GBps=rates.elementwise_GBps and rates.elementwise_GBps * scale,
+                   optimizer_GBps=rates.optimizer_GBps and rates.optimizer_GBps * scale)
+
+
+def _compare(shape, lay, *, dtype: str, profile: dict, gpus_per_node: int, scale: float, ms: Optional[float],
+             peak_mib: Optional[float]) -> dict:
+    from lmsys.core.parsing import MiB
+    from lmsys.plan import memory as mem
+    from lmsys.plan.time import step_time
+
+    prec = mem.precision(dtype, master_weights=False)  # autocast over fp32 weights, as bench e2e and parallel train
+    predicted_ms = predicted_mib = None
+    try:
+        predicted_ms = step_time(shape, lay, prec, rates_for(profile, dtype, scale=scale),
+                                 gpus_per_node=gpus_per_node).total
+        predicted_mib = mem.memory(shape, lay, prec, capacity=float("inf")).total / MiB
+    except LmsysError:  # e.g. the profile has no bandwidth for this group: measured, not predicted
+        pass
+    return {"predicted ms": predicted_ms, "measured ms": ms, "time error %": _err(predicted_ms, ms),
+            "predicted MiB": predicted_mib, "measured MiB": peak_mib, "memory error %": _err(predicted_mib, peak_mib)}
+
+
+def _shape(config, name: str):
+    from lmsys.plan.shape import from_model_config
+
+    return from_model_config(config, name=name)
+
+
+def _schedule_label(plan: MeshPlan, spec) -> str:
+    """The pipeline schedule (pp > 1), micro-batches and sequence parallelism of a row, as parallel train says them."""
+    parts = []
+    if spec.pp > 1:
+        parts.append(plan.pp_schedule + (f", V={plan.virtual_stages}" if plan.pp_schedule == "interleaved-1f1b" else ""))
+    if spec.pp > 1 or plan.microbatches > 1:
+        parts.append(f"M={plan.microbatches}")
+    if plan.sequence_parallel and spec.tp > 1:
+        parts.append("SP")
+    return ", ".join(parts) or "-"
+
+
+def _err(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
+    return None if predicted is None or measured in (None, 0) else 100 * (predicted - measured) / measured
+
+
+def summary(rows: list[dict]) -> dict:
+    """{"time error %" / "memory error %": (mean |error|, max |error|) over the rows that have one, or None}."""
+    out = {}
+    for key in ("time error %", "memory error %"):
+        errs = [abs(r[key]) for r in rows if r.get(key) is not None]
+        out[key] = (sum(errs) / len(errs), max(errs)) if errs else None
+    return out
