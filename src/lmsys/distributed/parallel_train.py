@@ -76,8 +76,8 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
             barrier(ctx)
     notes.append("comm ms (tp | pp | dp): per step, the median over the timed steps, the largest over ranks (CUDA "
                  "events on a GPU, the host clock on a CPU). tp: every tensor-parallel collective (forward, backward, "
-                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on recvs and on the last "
-                 "sends (idle, the peer's compute included); dp: the wait for the gradient sync after the last backward "
+                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on the send/recv batches "
+                 "holding a needed recv and on the last sends (idle, the peer's compute included); dp: the wait for the gradient sync after the last backward "
                  "(what the backward did not hide). torch's rows: inside DTensor and pipelining, not measured.")
     if dtype == "bf16":
         notes.append("bf16: the reference runs under the same autocast; rounding differs with the summation order "
