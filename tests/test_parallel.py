@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import gloo_world
 from lmsys.core.errors import LmsysError
+from lmsys.core.results import NOT_MEASURED
 from lmsys.distributed.mesh import MeshSpec, check_plan, parse_mesh
 from lmsys.distributed.pipeline import ideal_bubble, partition, schedule
 from lmsys.model.config import get_config
@@ -303,7 +304,9 @@ def test_world_2_against_one_process(run):
         elif row["impl"] == "lmsys":
             assert 0 < row["bubble %"] < 100 and row["ideal bubble %"] > 0 and row["act MiB held"] > 0
         else:  # torch's schedules do not expose their compute time: no measured bubble
-            assert row["bubble %"] is None and row["ideal bubble %"] > 0
+            assert row["bubble %"] == NOT_MEASURED and row["ideal bubble %"] > 0
+        if row["impl"] == "torch":
+            assert row["act MiB held"] == NOT_MEASURED and row["comm ms (dp)"] is None  # dp=1: nothing to measure
 
 
 def test_world_4_meshes_against_one_process():
@@ -338,9 +341,18 @@ def test_comm_columns_per_mesh_dim():
     assert tp["comm ms (tp)"] > 0 and tp["comm ms (pp)"] is None and tp["comm ms (dp)"] is None
     assert pp["comm ms (pp)"] > 0 and pp["comm ms (tp)"] is None
     assert pp["comm ms (pp)"] < pp["ms/step"] and tp["comm ms (tp)"] < tp["ms/step"]
-    assert all(r["comm ms (tp)"] is None for r in res["tp"] if r["impl"] == "torch")  # inside DTensor: unmeasured
-    dp = gloo_world.run_world(worker_4, 4)["rows"][0]  # dp=2,tp=2
+    for r in res["tp"] + res["1f1b"]:
+        if r["impl"] == "torch":  # inside DTensor / pipelining: not measured; a dim of 1: nothing to measure
+            assert r["comm ms (tp)" if r in res["tp"] else "comm ms (pp)"] == NOT_MEASURED, r
+            assert r["comm ms (pp)" if r in res["tp"] else "comm ms (tp)"] is None, r
+    four = gloo_world.run_world(worker_4, 4)
+    dp = four["rows"][0]  # dp=2,tp=2, bucketed
     assert dp["comm ms (dp)"] > 0 and dp["comm ms (tp)"] > 0
+    for r in four["fsdp"]:  # lmsys's FSDP: its all-gathers and reduce-scatters (inline on gloo) are timed
+        if r["impl"] == "lmsys":
+            assert 0 < r["comm ms (dp)"] < r["ms/step"], r
+        else:
+            assert r["comm ms (dp)"] == NOT_MEASURED and r["bubble %"] in (None, NOT_MEASURED), r
 
 
 def test_bf16_against_one_process_in_bf16():

@@ -115,7 +115,8 @@ def test_plan_never_deadlocks_under_nccl_rules(kind, pp, V, M):
     assert len({len(row) for row in plan}) == 1  # every rank has the same steps
     for rank, row in enumerate(plan):
         # the plan runs exactly the schedule's actions, in its order
-        assert [a for a, _ in row if a is not None] == schedule(kind, pp=pp, rank=rank, microbatches=M, virtual_stages=V)
+        order = schedule(kind, pp=pp, rank=rank, microbatches=M, virtual_stages=V)
+        assert [a for a, _ in row if a is not None] == order
         for t, (_, ops) in enumerate(row):
             assert len([o for o in ops if o.send]) <= 1  # one tensor per rank per step: one per pair and direction
             for o in ops:  # matched in the same step on the peer

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from lmsys.core import progress
 from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
+from lmsys.core.results import NOT_MEASURED
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
@@ -76,9 +77,12 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
             barrier(ctx)
     notes.append("comm ms (tp | pp | dp): per step, the median over the timed steps, the largest over ranks (CUDA "
                  "events on a GPU, the host clock on a CPU). tp: every tensor-parallel collective (forward, backward, "
-                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on the send/recv batches "
-                 "holding a needed recv and on the last sends (idle, the peer's compute included); dp: the wait for the gradient sync after the last backward "
-                 "(what the backward did not hide). torch's rows: inside DTensor and pipelining, not measured.")
+                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on the send/recv "
+                 "batches holding a needed recv and on the last sends (idle, the peer's compute included); dp: "
+                 "bucketed, the wait for the gradient sync after the last backward (what the backward did not "
+                 "hide); fsdp, the waits for its all-gathers and reduce-scatters (on a CPU the collectives "
+                 "themselves). n/m: not measured (torch's rows: their collectives, compute and saved activations "
+                 "run inside DTensor, pipelining and FSDP2, out of reach of lmsys's timer); —: nothing to measure.")
     if dtype == "bf16":
         notes.append("bf16: the reference runs under the same autocast; rounding differs with the summation order "
                      "(tests: one step's gradients within 2e-2 relative, |Δloss| < 2e-3; max|Δθ| is bounded only by "
@@ -196,12 +200,12 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
                              processes=ctx.world_size),
         "peak MiB/rank": max(peaks) / MiB if peaks else None,
         "params/rank": max(f["params"] for f in facts),
-        **{f"comm ms ({d})": _comm_cell(facts, d, spec) for d in COMM_DIMS},
+        **{f"comm ms ({d})": _comm_cell(facts, d, spec, measured=measured) for d in COMM_DIMS},
         # idle over step time on the stage with the most compute (the one that sets the pace)
-        "bubble %": 100 * busiest["idle"] if spec.pp > 1 and measured else None,
+        "bubble %": None if spec.pp == 1 else 100 * busiest["idle"] if measured else NOT_MEASURED,
         "ideal bubble %": 100 * ideal_bubble(pp_schedule, pp=spec.pp, microbatches=microbatches,
                                              virtual_stages=virtual_stages) if spec.pp > 1 else None,
-        "act MiB held": max(f["act"] for f in facts) / MiB if measured else None,
+        "act MiB held": max(f["act"] for f in facts) / MiB if measured else NOT_MEASURED,
         "loss": float(last_loss[-1]),
         "status": "ok",
     })
@@ -212,12 +216,12 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     return row
 
 
-def _comm_cell(facts: list[dict], dim: str, spec) -> Optional[float]:
-    """The largest per-rank median of a dim's communication ms per step (None: the dim is 1 or unmeasured)."""
-    values = [f["comm"][dim] for f in facts if f["comm"][dim] is not None]
-    if getattr(spec, dim) == 1 or not values:
+def _comm_cell(facts: list[dict], dim: str, spec, *, measured: bool):
+    """The largest per-rank median of a dim's communication ms per step; None where the dim is 1 (nothing
+    to measure), NOT_MEASURED in torch's rows (inside DTensor and pipelining, out of lmsys's timer)."""
+    if getattr(spec, dim) == 1:
         return None
-    return max(values)
+    return max(f["comm"][dim] for f in facts) if measured else NOT_MEASURED
 
 
 def _status_row(impl: str, spec, dp_strategy: str, schedule: str, status: str) -> dict:

@@ -15,6 +15,7 @@ the block as before. Compile is not applied.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -43,23 +44,25 @@ class ParallelModel:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
                    device=None, timer, measure_activations: bool = True) -> StepResult:
         """One step's forward and backward; the gradients averaged over dp. `timer` (a RegionTimer) gets
-        the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (the wait for
-        the gradient sync after the last backward)."""
+        the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (bucketed: the
+        wait for the gradient sync after the last backward; fsdp: every wait for its all-gathers and
+        reduce-scatters, `FSDP.timed`)."""
         mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
-        if self.dp is not None and not isinstance(self.dp, FSDP):
+        fsdp, hook = isinstance(self.dp, FSDP), None
+        if self.dp is not None and not fsdp:
             self.dp.on_train_batch_start()
             self.dp.require_grad_sync = False
             # the last backward of this rank fires the buckets: sync on just before it
             hook = _SyncBefore(self.dp, self.last_backward)
-        else:
-            hook = None
-        with timed_collectives(timer):
+        with timed_collectives(timer), (self.dp.timed(timer, "dp") if fsdp else nullcontext()):
             result = run_schedule(self.stage, _watch(self.steps, hook), inputs=list(mb_in), targets=list(mb_tg),
                                   pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
                                   group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
                                   autocast=autocast, device=device, timer=timer,
                                   measure_activations=measure_activations)
-        if self.dp is not None:
+            if fsdp:
+                self.dp.finish_gradient_synchronization()  # its waits timed inside
+        if self.dp is not None and not fsdp:
             with timer.region("dp"):
                 self.dp.finish_gradient_synchronization()
         return result
