@@ -83,6 +83,9 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
                  "hide); fsdp, the waits for its all-gathers and reduce-scatters (on a CPU the collectives "
                  "themselves). n/m: not measured (torch's rows: their collectives, compute and saved activations "
                  "run inside DTensor, pipelining and FSDP2, out of reach of lmsys's timer); —: nothing to measure.")
+    if warmup == 0:
+        notes.append("act MiB held: counted in the first timed step (--warmup 0), whose time includes a hook "
+                     "per saved tensor; with a warm-up step it is counted there.")
     if dtype == "bf16":
         notes.append("bf16: the reference runs under the same autocast; rounding differs with the summation order "
                      "(tests: one step's gradients within 2e-2 relative, |Δloss| < 2e-3; max|Δθ| is bounded only by "
@@ -140,26 +143,12 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))  # bench e2e's
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
-    # timed as bench e2e times its step: the one timer (CUDA events on a GPU), no synchronisation inside
-    # or between steps; the activations are counted on the first step only (a hook per saved tensor)
-    timers, losses, act = [], [], None
-    progress.plan_steps(total)
-    for i in range(total):
-        inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
-        optimizer.zero_grad(set_to_none=True)
-        if i == warmup:
-            synchronize(ctx.device)
-        timer = RegionTimer(ctx.device)
-        with timer.region("step"):
-            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device,
-                                timer=timer, measure_activations=i == 0)
-            optimizer.step()
-        losses.append(res.loss)
-        progress.step()
-        if i == 0:
-            act = res.peak_activation_bytes
-        if i >= warmup:
-            timers.append(timer)
+    # every step's batch on the device before the loop, as bench e2e's one batch is (and ddp train's): a copy
+    # from pageable host memory synchronises the stream, so drawn per step it left the host no lead
+    batches = [_to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device) for i in range(total)]
+    timers, losses, act = timed_steps(pm, optimizer, batches, warmup=warmup, microbatches=microbatches,
+                                      autocast=autocast, device=ctx.device)
+    del batches
     losses = [None if x is None else float(x) for x in losses]
     wall = [t.samples("step")[0] * 1e-3 for t in timers]
     measured = impl == "lmsys"  # torch's schedules do not report their compute time
@@ -214,6 +203,32 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         row["|Δloss|"] = max(abs(a - b) for a, b in zip(last_loss.tolist(), ref_losses))
         row["parity max|Δθ|"] = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
     return row
+
+
+def timed_steps(pm, optimizer, batches, *, warmup: int, microbatches: int, autocast, device):
+    """Train on `batches` (on the device already), timing every step from `warmup` on as bench e2e times
+    its own: the one timer (CUDA events on a GPU), nothing synchronised inside or between steps, the
+    gradients cleared (set to None) before each step. The activations are counted on the first step only
+    (a hook per saved tensor; a warm-up step unless --warmup 0). Returns (a RegionTimer per timed step,
+    the loss tensors of every step, the activation bytes of the first)."""
+    timers, losses, act = [], [], None
+    progress.plan_steps(len(batches))
+    for i, (inputs, targets) in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        if i == warmup:
+            synchronize(device)
+        timer = RegionTimer(device)
+        with timer.region("step"):
+            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=device,
+                                timer=timer, measure_activations=i == 0)
+            optimizer.step()
+        losses.append(res.loss)
+        progress.step()
+        if i == 0:
+            act = res.peak_activation_bytes
+        if i >= warmup:
+            timers.append(timer)
+    return timers, losses, act
 
 
 def _comm_cell(facts: list[dict], dim: str, spec, *, measured: bool):

@@ -47,7 +47,10 @@ class ParallelModel:
         the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (bucketed: the
         wait for the gradient sync after the last backward; fsdp: every wait for its all-gathers and
         reduce-scatters, `FSDP.timed`)."""
-        mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
+        if microbatches == 1:  # the plain step's ops: no split (views, but ops all the same)
+            mb_in, mb_tg = [inputs], [targets]
+        else:
+            mb_in, mb_tg = list(inputs.chunk(microbatches)), list(targets.chunk(microbatches))
         fsdp, hook = isinstance(self.dp, FSDP), None
         if self.dp is not None and not fsdp:
             self.dp.on_train_batch_start()
@@ -55,7 +58,7 @@ class ParallelModel:
             # the last backward of this rank fires the buckets: sync on just before it
             hook = _SyncBefore(self.dp, self.last_backward)
         with timed_collectives(timer), (self.dp.timed(timer, "dp") if fsdp else nullcontext()):
-            result = run_schedule(self.stage, _watch(self.steps, hook), inputs=list(mb_in), targets=list(mb_tg),
+            result = run_schedule(self.stage, _watch(self.steps, hook), inputs=mb_in, targets=mb_tg,
                                   pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
                                   group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
                                   autocast=autocast, device=device, timer=timer,
