@@ -9,7 +9,7 @@ import torch
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops, mfu, model_flops
 from lmsys.core.parsing import format_bytes, parse_bytes, parse_int_list
-from lmsys.core.results import MeanStd, Report, render, to_csv, to_json, to_markdown
+from lmsys.core.results import NOT_MEASURED, MeanStd, Report, render, to_csv, to_json, to_markdown
 from lmsys.core.timing import RegionTimer, Stats
 
 
@@ -110,6 +110,19 @@ def test_rich_renderer_and_output_file(tmp_path, capsys):
     assert not list(tmp_path.glob(".*tmp*"))
     render([REPORT, REPORT], "json", tmp_path / "two.json")
     assert len(json.loads((tmp_path / "two.json").read_text())) == 2
+
+
+def test_not_measured_is_not_missing(capsys):
+    """None (nothing to measure) reads —; NOT_MEASURED (there is something, lmsys cannot time it) reads n/m in
+    every format, and a column of numbers and n/m stays right-aligned on the terminal."""
+    report = Report("nm", [{"impl": "lmsys", "comm ms": 1.5, "bubble %": None},
+                           {"impl": "torch", "comm ms": NOT_MEASURED, "bubble %": None}])
+    assert "| torch | n/m | — |" in to_markdown(report)
+    assert to_csv(report).splitlines()[-1] == "torch,n/m,"
+    assert json.loads(to_json(report))["rows"][1] == {"impl": "torch", "comm ms": "n/m", "bubble %": None}
+    render(report, "table")
+    printed = capsys.readouterr().out
+    assert " n/m " in printed and "  1.50 " in printed.replace("│", " ")
 
 
 def test_rich_renderer_prints_brackets_as_text(capsys):

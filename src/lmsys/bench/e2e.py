@@ -223,12 +223,11 @@ def _measure_or_oom(workload, params, **kw) -> list[dict]:
 
 
 def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, device, peak_tflops=None):
-    from lmsys.core.devices import peak_memory, reset_peak_memory
     from lmsys.core.devices import peak_tflops as _peak
     from lmsys.train.build import build_train_step, tf32_matmuls
 
     given_peak, peak_tflops = peak_tflops, _peak
-    from lmsys.train.step import random_batch, run_step
+    from lmsys.train.step import random_batch
 
     cfg = workload.config
     with tf32_matmuls(workload.tf32):
@@ -236,23 +235,8 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
         inputs, targets = random_batch(workload, device)
         peak = peak_tflops(device, workload.dtype, tf32=workload.tf32, given=given_peak)
         for mode in modes:
-            progress.plan_steps(warmup + steps, f"{mode} steps")
-            for _ in range(warmup):
-                run_step(step, inputs, targets, mode=mode)
-                progress.step()
-            synchronize(device)
-            timer = RegionTimer(device)
-            peaks = {"fwd": None, "step": None}
-
-            def record(key):
-                peaks[key] = _max(peaks[key], peak_memory(device))
-
-            for _ in range(steps):
-                last_loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region,
-                                     before=lambda: reset_peak_memory(device),
-                                     after_forward=lambda: record("fwd"))
-                record("step")
-                progress.step()
+            timer, peaks, last_loss = timed_steps(step, inputs, targets, mode=mode, warmup=warmup, steps=steps,
+                                                  device=device)
             peak_fwd, peak_step = peaks["fwd"], peaks["step"]
             stats = timer.stats()
             step_ms = stats["step"].mean
@@ -275,6 +259,32 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                 "loss": float(last_loss),
                 "status": "ok",
             }
+
+
+def timed_steps(step, inputs, targets, *, mode: str, warmup: int, steps: int, device):
+    """`warmup` untimed then `steps` timed steps of `mode` on one batch: (the RegionTimer, the peak memory
+    after the forward and over the step, the last loss). Nothing synchronises inside or between steps."""
+    from lmsys.core.devices import peak_memory, reset_peak_memory
+    from lmsys.train.step import run_step
+
+    progress.plan_steps(warmup + steps, f"{mode} steps")
+    for _ in range(warmup):
+        run_step(step, inputs, targets, mode=mode)
+        progress.step()
+    synchronize(device)
+    timer = RegionTimer(device)
+    peaks = {"fwd": None, "step": None}
+
+    def record(key):
+        peaks[key] = _max(peaks[key], peak_memory(device))
+
+    last_loss = None
+    for _ in range(steps):
+        last_loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region,
+                             before=lambda: reset_peak_memory(device), after_forward=lambda: record("fwd"))
+        record("step")
+        progress.step()
+    return timer, peaks, last_loss
 
 
 def _add_speedups(group: list[dict], references: list[dict]) -> None:

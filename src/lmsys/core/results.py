@@ -23,6 +23,12 @@ from lmsys.core.parsing import choose
 
 FORMATS = ("table", "md", "csv", "json")
 
+# A cell's two kinds of missing value: None (nothing to measure there: a dim of size 1, no GPU peak),
+# shown "—" (empty in CSV, null in JSON); NOT_MEASURED (there is something, but this row's implementation
+# does not let lmsys measure it: torch's pipelining hides its compute time), shown "n/m" in every format.
+# A plain string, so that it survives the JSON a rank's rows travel in.
+NOT_MEASURED = "n/m"
+
 
 @dataclass(frozen=True)
 class MeanStd:
@@ -207,7 +213,8 @@ def print_rich(report: Report, file=None) -> None:
     cols, rows = report.terminal_view()
     grouped = {heading for heading, _ in report.groups}
     for c in cols:
-        numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) for r in rows)
+        numeric = all(isinstance(r.get(c), (int, float, MeanStd, type(None))) or r.get(c) == NOT_MEASURED
+                      for r in rows)
         table.add_column(c, justify="right" if numeric or c in grouped else "left", no_wrap=numeric or c in grouped)
     for row in rows:
         table.add_row(*(Text(_fmt(row.get(c))) for c in cols))  # cells are text, not Rich markup: "[hf]" stays

@@ -33,6 +33,12 @@
   `finish_gradient_synchronization()`, so several forwards may run before their backwards (microbatches
   of a pipeline schedule); each backward reduce-scatters its unit's gradient, the shards accumulate
   them. `gather_root()` installs the root unit for a forward that does not enter through `forward`.
+- `with fsdp.timed(timer, "dp"):` (a core.timing.RegionTimer) puts this wrapper's communication into
+  that region while the block runs: on a GPU the compute stream's waits for an all-gather (a unit's
+  pre-forward / pre-backward) and for the reduce-scatters (in `finish_gradient_synchronization`), i.e.
+  what the prefetch and the backward did not hide, as bucketed DDP's "dp" region is the wait for its
+  buckets; on the CPU (no streams) the collectives themselves, which run inline. Without it nothing is
+  timed and nothing changes.
 
 All ranks must run the same units in the same order, forward and backward (every gather is a
 collective), each unit once per step. fp32 (`compute_dtype=None`) trains like one process on the full
@@ -42,6 +48,7 @@ batch up to the order of summation.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager, nullcontext
 from typing import Iterable, Optional
 
 import torch
@@ -179,6 +186,7 @@ class FSDP(nn.Module):
         self.compute_dtype = compute_dtype
         self.group = group  # the ranks parameters are sharded over (a mesh's dp group; default the world)
         self.reshard = reshard
+        self._timer = None  # (RegionTimer, region name) while `timed` is active
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         broadcast_module_state(module, group=group)
         named = list(module.named_parameters())  # tied weights: listed once, under the first name
@@ -202,6 +210,20 @@ class FSDP(nn.Module):
         for unit in self._blocks:
             unit.module.register_forward_pre_hook(_weak(me, "_before_unit_forward", unit))
             unit.module.register_forward_hook(_weak(me, "_after_unit_forward", unit))
+
+    # -------------------------------------------------------------------------------------------- timing
+
+    @contextmanager
+    def timed(self, timer, region: str = "dp"):
+        """Time this wrapper's communication in `timer`'s `region` while the block runs (module docstring)."""
+        self._timer = (timer, region)
+        try:
+            yield self
+        finally:
+            self._timer = None
+
+    def _comm(self):
+        return nullcontext() if self._timer is None else self._timer[0].region(self._timer[1])
 
     # ------------------------------------------------------------------------------------ construction
 
@@ -250,8 +272,9 @@ class FSDP(nn.Module):
             group.allocate()  # on the compute stream: its pool owns the block
         unit.gathers += 1
         if not self._streams:
-            for group, _ in unit.groups:
-                group.all_gather()
+            with self._comm():
+                for group, _ in unit.groups:
+                    group.all_gather()
             unit.state = "gathered"
             return
         compute = torch.cuda.current_stream()
@@ -265,7 +288,8 @@ class FSDP(nn.Module):
     def _wait(self, unit: _Unit) -> None:
         self._gather(unit)
         if unit.state == "gathering":
-            torch.cuda.current_stream().wait_event(unit.event)
+            with self._comm():  # the compute stream's wait: what the prefetch did not hide
+                torch.cuda.current_stream().wait_event(unit.event)
             unit.event = None
         unit.state = "gathered"
 
@@ -368,7 +392,8 @@ class FSDP(nn.Module):
                 grad32.record_stream(self._reduce_stream)
                 event = self._reduce_stream.record_event()
         else:
-            _reduce_scatter(out, grad32, self.group)
+            with self._comm():
+                _reduce_scatter(out, grad32, self.group)
             event = None
         self._pending.append((group, out, event))
         unit.leaf = None
@@ -382,7 +407,8 @@ class FSDP(nn.Module):
         """Wait for every unit's reduce-scatter; each shard's `.grad` is its slice of the rank average."""
         for group, out, event in self._pending:
             if event is not None:
-                torch.cuda.current_stream().wait_event(event)
+                with self._comm():
+                    torch.cuda.current_stream().wait_event(event)
             out.div_(self.world_size)
             if group.shard.grad is None:
                 group.shard.grad = out

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from lmsys.core import progress
 from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
+from lmsys.core.results import NOT_MEASURED
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
@@ -77,9 +78,15 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
             barrier(ctx)
     notes.append("comm ms (tp | pp | dp): per step, the median over the timed steps, the largest over ranks (CUDA "
                  "events on a GPU, the host clock on a CPU). tp: every tensor-parallel collective (forward, backward, "
-                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on recvs and on the last "
-                 "sends (idle, the peer's compute included); dp: the wait for the gradient sync after the last backward "
-                 "(what the backward did not hide). torch's rows: inside DTensor and pipelining, not measured.")
+                 "the loss's three, again in a checkpointed block's recompute); pp: the waits on the send/recv "
+                 "batches holding a needed recv and on the last sends (idle, the peer's compute included); dp: "
+                 "bucketed, the wait for the gradient sync after the last backward (what the backward did not "
+                 "hide); fsdp, the waits for its all-gathers and reduce-scatters (on a CPU the collectives "
+                 "themselves). n/m: not measured (torch's rows: their collectives, compute and saved activations "
+                 "run inside DTensor, pipelining and FSDP2, out of reach of lmsys's timer); —: nothing to measure.")
+    if warmup == 0:
+        notes.append("act MiB held: counted in the first timed step (--warmup 0), whose time includes a hook "
+                     "per saved tensor; with a warm-up step it is counted there.")
     if dtype == "bf16":
         notes.append("bf16: the reference runs under the same autocast; rounding differs with the summation order "
                      "(tests: one step's gradients within 2e-2 relative, |Δloss| < 2e-3; max|Δθ| is bounded only by "
@@ -137,26 +144,12 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))  # bench e2e's
     autocast_dtype = None if dtype == "fp32" else torch_dtype(dtype)
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
-    # timed as bench e2e times its step: the one timer (CUDA events on a GPU), no synchronisation inside
-    # or between steps; the activations are counted on the first step only (a hook per saved tensor)
-    timers, losses, act = [], [], None
-    progress.plan_steps(total)
-    for i in range(total):
-        inputs, targets = _to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device)
-        optimizer.zero_grad(set_to_none=True)
-        if i == warmup:
-            synchronize(ctx.device)
-        timer = RegionTimer(ctx.device)
-        with timer.region("step"):
-            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=ctx.device,
-                                timer=timer, measure_activations=i == 0)
-            optimizer.step()
-        losses.append(res.loss)
-        progress.step()
-        if i == 0:
-            act = res.peak_activation_bytes
-        if i >= warmup:
-            timers.append(timer)
+    # every step's batch on the device before the loop, as bench e2e's one batch is (and ddp train's): a copy
+    # from pageable host memory synchronises the stream, so drawn per step it left the host no lead
+    batches = [_to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device) for i in range(total)]
+    timers, losses, act = timed_steps(pm, optimizer, batches, warmup=warmup, microbatches=microbatches,
+                                      autocast=autocast, device=ctx.device)
+    del batches
     losses = [None if x is None else float(x) for x in losses]
     wall = [t.samples("step")[0] * 1e-3 for t in timers]
     measured = impl == "lmsys"  # torch's schedules do not report their compute time
@@ -197,12 +190,12 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
                              processes=ctx.world_size),
         "peak MiB/rank": max(peaks) / MiB if peaks else None,
         "params/rank": max(f["params"] for f in facts),
-        **{f"comm ms ({d})": _comm_cell(facts, d, spec) for d in COMM_DIMS},
+        **{f"comm ms ({d})": _comm_cell(facts, d, spec, measured=measured) for d in COMM_DIMS},
         # idle over step time on the stage with the most compute (the one that sets the pace)
-        "bubble %": 100 * busiest["idle"] if spec.pp > 1 and measured else None,
+        "bubble %": None if spec.pp == 1 else 100 * busiest["idle"] if measured else NOT_MEASURED,
         "ideal bubble %": 100 * ideal_bubble(pp_schedule, pp=spec.pp, microbatches=microbatches,
                                              virtual_stages=virtual_stages) if spec.pp > 1 else None,
-        "act MiB held": max(f["act"] for f in facts) / MiB if measured else None,
+        "act MiB held": max(f["act"] for f in facts) / MiB if measured else NOT_MEASURED,
         "loss": float(last_loss[-1]),
         "status": "ok",
     })
@@ -213,12 +206,38 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     return row
 
 
-def _comm_cell(facts: list[dict], dim: str, spec) -> Optional[float]:
-    """The largest per-rank median of a dim's communication ms per step (None: the dim is 1 or unmeasured)."""
-    values = [f["comm"][dim] for f in facts if f["comm"][dim] is not None]
-    if getattr(spec, dim) == 1 or not values:
+def timed_steps(pm, optimizer, batches, *, warmup: int, microbatches: int, autocast, device):
+    """Train on `batches` (on the device already), timing every step from `warmup` on as bench e2e times
+    its own: the one timer (CUDA events on a GPU), nothing synchronised inside or between steps, the
+    gradients cleared (set to None) before each step. The activations are counted on the first step only
+    (a hook per saved tensor; a warm-up step unless --warmup 0). Returns (a RegionTimer per timed step,
+    the loss tensors of every step, the activation bytes of the first)."""
+    timers, losses, act = [], [], None
+    progress.plan_steps(len(batches))
+    for i, (inputs, targets) in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        if i == warmup:
+            synchronize(device)
+        timer = RegionTimer(device)
+        with timer.region("step"):
+            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=device,
+                                timer=timer, measure_activations=i == 0)
+            optimizer.step()
+        losses.append(res.loss)
+        progress.step()
+        if i == 0:
+            act = res.peak_activation_bytes
+        if i >= warmup:
+            timers.append(timer)
+    return timers, losses, act
+
+
+def _comm_cell(facts: list[dict], dim: str, spec, *, measured: bool):
+    """The largest per-rank median of a dim's communication ms per step; None where the dim is 1 (nothing
+    to measure), NOT_MEASURED in torch's rows (inside DTensor and pipelining, out of lmsys's timer)."""
+    if getattr(spec, dim) == 1:
         return None
-    return max(values)
+    return max(f["comm"][dim] for f in facts) if measured else NOT_MEASURED
 
 
 def _status_row(impl: str, spec, dp_strategy: str, schedule: str, status: str) -> dict:

@@ -15,6 +15,7 @@ the block as before. Compile is not applied.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from lmsys.distributed.fsdp import FSDP
 from lmsys.distributed.mesh import Mesh
-from lmsys.distributed.pipeline import PipelineModule, StepResult, partition, run_schedule, schedule
+from lmsys.distributed.pipeline import PipelineModule, StepResult, p2p_plan, partition, run_schedule
 from lmsys.distributed.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
 from lmsys.train.checkpointing import checkpoint_forward
 
@@ -32,10 +33,10 @@ HAND_WRITTEN_DP = ("bucketed", "fsdp")  # lmsys rows; torch-* run torch's wrappe
 
 
 class ParallelModel:
-    def __init__(self, stage: PipelineModule, mesh: Mesh, *, actions, dp_wrapper, act_dim: tuple[int, int]):
-        self.stage, self.mesh, self.actions, self.dp = stage, mesh, actions, dp_wrapper
+    def __init__(self, stage: PipelineModule, mesh: Mesh, *, steps, dp_wrapper, act_dim: tuple[int, int]):
+        self.stage, self.mesh, self.steps, self.dp = stage, mesh, steps, dp_wrapper  # steps: p2p_plan's row
         self.act_dim = act_dim  # (sequence length per rank, d_model) of what stages send
-        self.last_backward = max(i for i, (op, _, _) in enumerate(actions) if op == "B")
+        self.last_backward = max(i for i, (action, _) in enumerate(steps) if action is not None and action[0] == "B")
 
     def parameters(self):
         return (self.dp if isinstance(self.dp, FSDP) else self.stage).parameters()
@@ -43,24 +44,28 @@ class ParallelModel:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, *, microbatches: int, autocast=None,
                    device=None, timer, measure_activations: bool = True) -> StepResult:
         """One step's forward and backward; the gradients averaged over dp. `timer` (a RegionTimer) gets
-        the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (the wait for
-        the gradient sync after the last backward)."""
-        mb_in, mb_tg = inputs.chunk(microbatches), targets.chunk(microbatches)
-        if self.dp is not None and not isinstance(self.dp, FSDP):
+        the regions "compute", "pp" (run_schedule), "tp" (every TP collective) and "dp" (bucketed: the
+        wait for the gradient sync after the last backward; fsdp: every wait for its all-gathers and
+        reduce-scatters, `FSDP.timed`)."""
+        if microbatches == 1:  # the plain step's ops: no split (views, but ops all the same)
+            mb_in, mb_tg = [inputs], [targets]
+        else:
+            mb_in, mb_tg = list(inputs.chunk(microbatches)), list(targets.chunk(microbatches))
+        fsdp, hook = isinstance(self.dp, FSDP), None
+        if self.dp is not None and not fsdp:
             self.dp.on_train_batch_start()
             self.dp.require_grad_sync = False
-            actions = self.actions
             # the last backward of this rank fires the buckets: sync on just before it
             hook = _SyncBefore(self.dp, self.last_backward)
-        else:
-            actions, hook = self.actions, None
-        with timed_collectives(timer):
-            result = run_schedule(self.stage, _watch(actions, hook), inputs=list(mb_in), targets=list(mb_tg),
+        with timed_collectives(timer), (self.dp.timed(timer, "dp") if fsdp else nullcontext()):
+            result = run_schedule(self.stage, _watch(self.steps, hook), inputs=mb_in, targets=mb_tg,
                                   pp_ranks=self.mesh.ranks("pp"), pp_rank=self.mesh.coord("pp"),
                                   group=self.mesh.group("pp"), act_shape=(mb_in[0].shape[0], *self.act_dim),
                                   autocast=autocast, device=device, timer=timer,
                                   measure_activations=measure_activations)
-        if self.dp is not None:
+            if fsdp:
+                self.dp.finish_gradient_synchronization()  # its waits timed inside
+        if self.dp is not None and not fsdp:
             with timer.region("dp"):
                 self.dp.finish_gradient_synchronization()
         return result
@@ -111,11 +116,11 @@ class _SyncBefore:
             self.dp.require_grad_sync = True
 
 
-def _watch(actions, hook):
-    for i, action in enumerate(actions):
+def _watch(steps, hook):
+    for i, step in enumerate(steps):
         if hook is not None:
             hook(i)
-        yield action
+        yield step
 
 
 def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedule: str = "1f1b",
@@ -134,7 +139,9 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
     rank = mesh.coord("pp")
     mine = [chunks[c * pp + rank] for c in range(V)]
     stage = PipelineModule(model, mine, first=rank == 0, last=rank == pp - 1, loss_fn=tp_loss)
-    actions = schedule(pp_schedule, pp=pp, rank=rank, microbatches=microbatches, virtual_stages=V)
+    steps = p2p_plan(pp_schedule, pp=pp, microbatches=microbatches, virtual_stages=V)[rank]
+    if pp > 1:  # NCCL: a group's first batch_isend_irecv must involve all its ranks; a barrier comes first
+        dist.barrier(group=mesh.group("pp"))
     if checkpoint == "block":  # the stage's blocks (sharded already); before DP, whose hooks stay outside
         for block in stage.layers.values():
             checkpoint_forward(block)
@@ -150,4 +157,4 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
 
             wrapper = BucketedDDP(stage, bucket_mb, group=mesh.group("dp"))
     seq = config.context_length // tp if (sequence_parallel and tp > 1) else config.context_length
-    return ParallelModel(stage, mesh, actions=list(actions), dp_wrapper=wrapper, act_dim=(seq, config.d_model))
+    return ParallelModel(stage, mesh, steps=steps, dp_wrapper=wrapper, act_dim=(seq, config.d_model))

@@ -10,19 +10,25 @@
   microbatch). gpipe: every forward, then every backward. 1f1b: pp-rank-1 warm-up forwards, then one
   forward one backward, then the cool-down backwards. interleaved-1f1b: Megatron's order (microbatches
   in groups of pp, chunks cycled; warm-up 2·(pp-rank-1) + (V-1)·pp).
-- `run_schedule(...)`: runs the actions; activations go forward and their gradients back by
-  dist.isend / dist.irecv on the pp group, tagged by (virtual stage, microbatch, direction) so gloo
-  matches them whatever the order (NCCL ignores tags: the pairs must be posted in the same order on
-  both sides, which these schedules give for V = 1; interleaved on NCCL is unchecked). Returns the
-  loss and the peak activation bytes the schedule held (saved tensors of forwards whose backward has
-  not run yet); the compute and the recv waits go to the caller's RegionTimer (CUDA events on a GPU:
-  nothing synchronises inside the step).
+- `p2p_plan(kind, pp=, microbatches=, virtual_stages=)`: for every pp rank at once, the steps that run
+  the schedule: in step t a rank runs at most one action, then posts its point-to-point ops of step t as
+  one `dist.batch_isend_irecv`. Every op of step t is matched by its peer's opposite op in the same step,
+  and a rank sends at most one tensor per step, so both ends of every pair post their ops in the same
+  order (NCCL ignores tags and matches a pair's ops in posting order) and no step waits on a later one:
+  no deadlock, whatever the sizes (a large NCCL send blocks until its recv is posted). Megatron-LM's
+  p2p_communication.py batches the same way (send_forward_recv_backward, ...).
+- `run_schedule(...)`: runs this rank's steps; activations go forward and their gradients back on the pp
+  group, still tagged by (virtual stage, microbatch, direction) for gloo, which matches by tag. Returns
+  the loss and the peak activation bytes the schedule held (saved tensors of forwards whose backward has
+  not run yet); the compute and the waits on batches that hold a needed recv go to the caller's
+  RegionTimer (CUDA events on a GPU: nothing synchronises inside the step).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -147,6 +153,82 @@ def ideal_bubble(kind: str, *, pp: int, microbatches: int, virtual_stages: int =
     return b / virtual_stages if kind == "interleaved-1f1b" else b
 
 
+# ------------------------------------------------------------------------------ point-to-point plan
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point op of a plan step, as the rank that posts it sees it."""
+
+    send: bool  # else a recv
+    peer: int  # the other end's pp rank
+    grad: bool  # an activation's gradient (going back), else an activation (going forward)
+    vstage: int  # the virtual stage that consumes the tensor
+    microbatch: int
+
+    @property
+    def key(self) -> tuple[bool, int, int]:
+        return self.grad, self.vstage, self.microbatch
+
+
+Step = tuple[Optional[tuple[str, int, int]], tuple[Transfer, ...]]  # (action or None, ops posted after it)
+
+
+def needs(action: tuple[str, int, int], *, pp: int, rank: int, stages: int) -> Optional[tuple[bool, int, int]]:
+    """The key (grad, virtual stage, microbatch) of the tensor `action` receives, or None."""
+    op, c, m = action
+    s = c * pp + rank
+    if op == "F":
+        return (False, s, m) if s > 0 else None
+    return (True, s, m) if s < stages - 1 else None
+
+
+def produces(action: tuple[str, int, int], *, pp: int, rank: int, stages: int) -> Optional[tuple[int, tuple]]:
+    """(destination pp rank, key) of the tensor `action` sends, or None."""
+    op, c, m = action
+    s = c * pp + rank
+    if op == "F":
+        return ((rank + 1) % pp, (False, s + 1, m)) if s < stages - 1 else None
+    return ((rank - 1) % pp, (True, s - 1, m)) if s > 0 else None
+
+
+def p2p_plan(kind: str, *, pp: int, microbatches: int, virtual_stages: int = 1) -> list[list[Step]]:
+    """Every pp rank's steps (the same number on each): in step t, rank r runs `plan[r][t][0]` (an action
+    of its `schedule`, or None) and then posts `plan[r][t][1]` as one batch. Built by running all ranks
+    together: in each step every rank runs its next action if what it receives arrived in an earlier
+    step; the tensor that action sends is sent in this step and received in this step by its consumer.
+    So each op has its match in the same step on the peer, a directed pair carries at most one tensor
+    per step (its order is the step order on both ends), and step t needs only steps before it."""
+    V = virtual_stages if kind == "interleaved-1f1b" else 1
+    stages = pp * V
+    acts = [schedule(kind, pp=pp, rank=r, microbatches=microbatches, virtual_stages=V) for r in range(pp)]
+    nxt, have = [0] * pp, [set() for _ in range(pp)]
+    plan: list[list[Step]] = [[] for _ in range(pp)]
+    while any(nxt[r] < len(acts[r]) for r in range(pp)):
+        ran: list = [None] * pp
+        ops: list[list[Transfer]] = [[] for _ in range(pp)]
+        for r in range(pp):
+            if nxt[r] == len(acts[r]):
+                continue
+            action = acts[r][nxt[r]]
+            need = needs(action, pp=pp, rank=r, stages=stages)
+            if need is not None and need not in have[r]:
+                continue  # waits for a later step
+            ran[r] = action
+            nxt[r] += 1
+            out = produces(action, pp=pp, rank=r, stages=stages)
+            if out is not None:
+                dst, (grad, vstage, m) = out
+                ops[r].append(Transfer(True, dst, grad, vstage, m))
+                ops[dst].append(Transfer(False, r, grad, vstage, m))
+        if not any(ran):
+            raise ValueError(f"{kind} schedule stalls (pp={pp}, microbatches={microbatches}, V={V})")
+        for r in range(pp):
+            have[r].update(t.key for t in ops[r] if not t.send)
+            plan[r].append((ran[r], tuple(ops[r])))
+    return plan
+
+
 # ---------------------------------------------------------------------------------------- running
 
 
@@ -155,17 +237,17 @@ class StepResult:
     loss: torch.Tensor | None  # mean over microbatches (last stage only)
     peak_activation_bytes: int | None = 0
     peak_in_flight: int = 0
-    sends: list = field(default_factory=list)
 
 
-def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], targets: list[torch.Tensor],
-                 pp_ranks: list[int], pp_rank: int, group, act_shape: tuple[int, ...], autocast=None,
-                 device=None, timer, measure_activations: bool = True) -> StepResult:
-    """Run `actions` for this rank. inputs/targets: per-microbatch [b, S] tensors; act_shape: the
-    activation one microbatch sends ([b, S or S/tp, D]). `timer` (a core.timing.RegionTimer):
-    regions "compute" around each forward / backward and "pp" around each wait on a
-    recv and the final wait on the sends; nothing synchronises the device. `measure_activations`:
-    count the bytes autograd saves (a hook on every saved tensor: leave it off in timed steps)."""
+def run_schedule(stage: PipelineModule, steps: Iterable[Step], *, inputs: list[torch.Tensor],
+                 targets: list[torch.Tensor], pp_ranks: list[int], pp_rank: int, group, act_shape: tuple[int, ...],
+                 autocast=None, device=None, timer, measure_activations: bool = True) -> StepResult:
+    """Run this rank's `steps` (its row of `p2p_plan`). inputs/targets: per-microbatch [b, S] tensors;
+    act_shape: the activation one microbatch sends ([b, S or S/tp, D]). `timer` (a core.timing.RegionTimer):
+    regions "compute" around each forward / backward and "pp" around each wait on a batch that holds a
+    recv an action needs (waited just before that action) and the final wait on the rest; nothing
+    synchronises the device. `measure_activations`: count the bytes autograd saves (a hook on every saved
+    tensor: leave it off in timed steps)."""
     pp, V, M = len(pp_ranks), len(stage.chunks), len(inputs)
     seq_len = inputs[0].shape[1]
     if device is None:
@@ -177,6 +259,9 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
     res = StepResult(loss=None, peak_activation_bytes=0 if measure_activations else None)
     current = [0]
     region = timer.region
+    outbox: dict[tuple, torch.Tensor] = {}  # key -> tensor an action produced, sent in the same step
+    arrived: dict[tuple, tuple[torch.Tensor, list]] = {}  # key -> (buffer, its batch's works, not yet waited)
+    batches: list[list] = []  # every batch's works (and the tensors it sends, alive until the end)
 
     def pack(t):
         if t.data_ptr() not in params:
@@ -188,52 +273,68 @@ def run_schedule(stage: PipelineModule, actions, *, inputs: list[torch.Tensor], 
             return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
         return nullcontext()
 
-    def tag(vstage: int, m: int, grad: bool) -> int:
+    def tag(key) -> int:  # gloo matches by tag; NCCL ignores it (the plan's order matches there)
+        grad, vstage, m = key
         return (vstage * M + m) * 2 + int(grad)
 
-    def recv(src_rank: int, t: int) -> torch.Tensor:
-        buf = torch.empty(act_shape, device=device, dtype=torch.float32)
-        work = dist.irecv(buf, src=pp_ranks[src_rank], group=group, tag=t)
-        with region("pp"):
-            work.wait()
+    def post(ops: tuple[Transfer, ...]) -> None:
+        p2p, works = [], []
+        for t in ops:
+            if t.send:
+                x = outbox.pop(t.key)
+                p2p.append(dist.P2POp(dist.isend, x, pp_ranks[t.peer], group=group, tag=tag(t.key)))
+            else:
+                buf = torch.empty(act_shape, device=device, dtype=torch.float32)
+                arrived[t.key] = (buf, works)
+                p2p.append(dist.P2POp(dist.irecv, buf, pp_ranks[t.peer], group=group, tag=tag(t.key)))
+        works.extend(dist.batch_isend_irecv(p2p) or [])
+        batches.append((works, p2p))
+
+    def take(key) -> torch.Tensor:
+        buf, works = arrived.pop(key)
+        if works:
+            with region("pp"):
+                for work in works:
+                    work.wait()
+            works.clear()  # the batch is done: its other recvs need no wait
         return buf
 
-    def send(x: torch.Tensor, dst_rank: int, t: int) -> None:
-        x = x.detach().float().contiguous()
-        res.sends.append((dist.isend(x, dst=pp_ranks[dst_rank], group=group, tag=t), x))
-
-    for op, c, m in actions:
-        s = c * pp + pp_rank  # virtual stage
-        last = s == pp * V - 1
-        if op == "F":
-            x = inputs[m] if s == 0 else recv((pp_rank - 1) % pp, tag(s, m, False)).requires_grad_()
-            current[0] = 0
-            with region("compute"), saved(), (autocast() if autocast else nullcontext()):
-                y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
-            held[(c, m)] = (x, y)
-            res.peak_in_flight = max(res.peak_in_flight, len(held))
-            if measure_activations:
-                sizes[(c, m)] = current[0]
-                res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))
-            if last:
-                losses.append(y.detach())
-            else:
-                send(y, (pp_rank + 1) % pp, tag(s + 1, m, False))
-        else:
-            x, y = held.pop((c, m))
-            grad = None if last else recv((pp_rank + 1) % pp, tag(s, m, True))
-            with region("compute"):
+    for action, ops in steps:
+        if action is not None:
+            op, c, m = action
+            s = c * pp + pp_rank  # virtual stage
+            last = s == pp * V - 1
+            if op == "F":
+                x = inputs[m] if s == 0 else take((False, s, m)).requires_grad_()
+                current[0] = 0
+                with region("compute"), saved(), (autocast() if autocast else nullcontext()):
+                    y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
+                held[(c, m)] = (x, y)
+                res.peak_in_flight = max(res.peak_in_flight, len(held))
+                if measure_activations:
+                    sizes[(c, m)] = current[0]
+                    res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))
                 if last:
-                    (y / M if M > 1 else y).backward()
+                    losses.append(y.detach())
                 else:
-                    torch.autograd.backward(y, grad)
-            if s > 0:
-                send(x.grad, (pp_rank - 1) % pp, tag(s - 1, m, True))
-    if res.sends:
+                    outbox[(False, s + 1, m)] = y.detach().float().contiguous()
+            else:
+                x, y = held.pop((c, m))
+                grad = None if last else take((True, s, m))
+                with region("compute"):
+                    if last:
+                        (y / M if M > 1 else y).backward()
+                    else:
+                        torch.autograd.backward(y, grad)
+                if s > 0:
+                    outbox[(True, s - 1, m)] = x.grad.float().contiguous()
+        if ops:
+            post(ops)
+    waiting = [work for works, _ in batches for work in works]
+    if waiting:
         with region("pp"):
-            for work, _ in res.sends:
+            for work in waiting:
                 work.wait()
-    res.sends = []
     if losses:
         res.loss = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
     return res

@@ -176,7 +176,9 @@ def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, kee
 
 
 def _to(batch, device):
-    return tuple(t.to(device) for t in batch)
+    """The batch on `device`, contiguous: BatchSource's inputs and targets are slices of one [G, S+1] pool
+    row; a copy to a GPU packs them anyway, on the CPU the loss's flatten would copy the targets each step."""
+    return tuple(t.to(device).contiguous() for t in batch)
 
 
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
