@@ -10,8 +10,9 @@
 #                tl ones at 4100 and 4200), flash-triton-tl (the same with gluon=false: tl kernels only),
 #                flash-triton-tl-serial (the same, the tuner's candidates compiled one by one:
 #                LMSYS_TUNE_COMPILE_THREADS=0). Before any timing a process runs an unrelated matmul
-#                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS and autograd's
-#                first run are then paid by every impl alike, outside the timings
+#                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS, autograd's first run
+#                and the modules a backward with a gradient imports are then paid by every impl alike, outside
+#                the timings
 #   profile      cProfile of the warm-disk process's first call (sdpa and flash-triton, d 64, the first of
 #                SEQS) -> $OUT/profile-IMPL.pstats and the top 40 by cumulative time in profile-IMPL.txt
 #   leaderboard  bench attention --preset leaderboard at d 64, 128 and 80, beside cuDNN, the default policy
@@ -31,9 +32,11 @@ label, impl = impl, impl.removesuffix("-serial")
 import torch
 torch.empty(1, device=device)  # the CUDA context: not part of any timing
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-if warmup == "1":  # what any first fwd+bwd pays whatever its kernels: cuBLAS, autograd, the allocator
-    a = torch.randn(256, 256, device=device, requires_grad=True)
-    (a @ a).sum().backward()
+if warmup == "1":  # what any first fwd+bwd pays whatever its kernels: cuBLAS, autograd, the allocator, and
+    # the modules a backward with a given gradient imports the first time (torch.fx symbolic shapes, sympy:
+    # 3.3 s on the H200 image, which compiles them from source in every process)
+    a = torch.randn(256, 256, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+    (a @ a).backward(torch.ones(256, 256, device=device, dtype=a.dtype))
     sync()
 start = time.perf_counter()
 if impl.startswith("flash-triton"):
