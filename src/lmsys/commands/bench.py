@@ -64,11 +64,11 @@ def e2e(
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None:
-        check_name(attn)
+        check_name(attn, what="--impl")
     model = check_model(model) if model else None
     if attn is not None and model not in (None, "lmsys"):
-        raise LmsysError(f"--attn picks the attention inside lmsys's model; --model {model} runs its own "
-                         "(leave --attn out)")
+        raise LmsysError(f"--impl picks the attention inside lmsys's model; --model {model} runs its own "
+                         "(leave --impl out)")
     kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e
