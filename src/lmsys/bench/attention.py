@@ -200,7 +200,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
     from lmsys.kernels.registry import check_name, resolve
 
     for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
-        resolve(check_name(name, adapters=adapters), adapters=adapters)
+        resolve(check_name(name, adapters=adapters, what="--impl"), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
     for what, value, minimum in (("--warmup", sweep.warmup, 0), ("--steps", sweep.steps, 1)):
