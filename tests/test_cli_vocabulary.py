@@ -40,3 +40,48 @@ def test_spelling_only_rewrites_whole_option_names():
     spelled = {"--batch-size": (("--batch-size", "--batch"), "--batch")}
     assert as_given("--batch-size 0 and --batch-sizes", spelled) == "--batch 0 and --batch-sizes"
     assert as_given(None, spelled) is None
+
+
+# ------------------------------------------------------------------------ every sweepable option a comma list
+
+
+E2E = ("bench", "e2e", "--device", "cpu", "--size", "tiny", "--layers", "1", "--mode", "fwd", "--warmup", "0",
+       "--steps", "1", "-f", "json")
+
+
+def test_bench_e2e_sweeps_batch_context_and_heads(lmsys):
+    import json
+
+    r = lmsys(*E2E, "--batch-size", "1,2", "--seq-len", "16,32", "--heads", "2,4")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    got = [(row["heads"], row["context"], row["batch"]) for row in doc["rows"]]
+    assert got == [(h, c, b) for h in (2, 4) for c in (16, 32) for b in (1, 2)]  # one row each, in that order
+    for row in doc["rows"]:
+        assert row["status"] == "ok" and "dtype" not in row  # one dtype: no column
+        assert row["tokens/s"] == pytest.approx(row["batch"] * row["context"] / (row["ms/step"]["mean"] / 1e3))
+    assert doc["meta"]["tiny"] == "d_model 128, d_ff 512, 1 layers, 2,4 heads, vocab 10000, context 16,32"
+    assert doc["meta"]["run"].startswith("batch 1,2, fp32, ")
+
+
+def test_bench_e2e_sweeps_dtype_and_a_single_value_adds_no_column(lmsys):
+    import json
+
+    r = lmsys(*E2E, "--dtype", "fp32,bf16", "--context-length", "16", "--batch-size", "2")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert [row["dtype"] for row in doc["rows"]] == ["fp32", "bf16"]
+    assert not {"batch", "context", "heads"} & set(doc["rows"][0])
+    assert doc["meta"]["run"].startswith("batch 2, fp32 | bf16 autocast, fp32 weights, ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "2,2"], "error: --batch-size: 2 given twice"),
+    (["--seq-len", "16,0"], "error: --seq-len must be >= 1, got 0"),
+    (["--heads", "4,"], "error: --heads: empty item in '4,'"),
+    (["--heads", "3"], "not divisible"),
+    (["--dtype", "fp32,fp8"], "error: --dtype must be one of fp32, bf16, fp16, not 'fp8'"),
+    (["--sm-carveout", "8,-1"], "error: --sm-carveout must be >= 0, got -1"),
+])
+def test_bench_e2e_sweep_lists_are_checked_before_any_work(lmsys, args, message):
+    assert message in one_line(lmsys(*E2E, *args))
