@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
+from lmsys.core import progress
 from lmsys.core.errors import LmsysError
 from lmsys.core.files import atomic_output
 from lmsys.core.flops import attention_flops
@@ -296,8 +297,10 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         def forward():
             return FlashAttentionTriton.apply(q, k, v, sweep.causal, None, changed)
 
+    progress.plan_steps(sweep.warmup + sweep.steps, "fwd+bwd steps")
     for _ in range(sweep.warmup):  # compilation and autotuning happen here
         torch.autograd.grad(forward(), inputs, do)
+        progress.step()
     synchronize(device)
 
     # One step alone for memory: the allocator's counters live on the host, no synchronisation needed.
@@ -317,6 +320,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
             with timer.region("backward"):
                 grads = torch.autograd.grad(out, inputs, do)
         del out, grads
+        progress.step()
     stats = timer.stats()
     fwd, bwd, total = stats["forward"], stats["backward"], stats["forward+backward"]
 

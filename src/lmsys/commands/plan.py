@@ -100,7 +100,10 @@ def calibrate(
     dtypes = dtypes or (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
     for d in dtypes:
         check_dtype_for_device(d, dev)
-    prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
+    from lmsys.core import progress
+
+    with progress.display("plan calibrate"):
+        prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
     save_profile(prof, profile)
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
     if "busbw" not in prof:
