@@ -21,8 +21,10 @@ from test_cli_safety import one_line
     (["bench", "e2e", "--attn", "sdpa", "--model", "hf:gpt2"], "error: --attn picks the attention inside lmsys's model"),
     (["bench", "e2e", "--impl", "sdpa", "--model", "hf:gpt2"], "error: --impl picks the attention inside lmsys's model"),
     (["bench", "e2e", "-f", "xml"], "error: -f must be one of table, md, csv, json, not 'xml'"),
-    (["bench", "e2e", "--seq-len", "abc"], "error: Invalid value for '--seq-len': 'abc' is not a valid int"),
-    (["bench", "e2e", "--context-length", "abc"], "error: Invalid value for '--context-length': 'abc' is not a valid int"),
+    (["bench", "e2e", "--seq-len", "abc"], "error: --seq-len: cannot parse 'abc'"),
+    (["profile", "nsys", "--seq-len", "abc"], "error: Invalid value for '--seq-len': 'abc' is not a valid int"),
+    (["profile", "nsys", "--context-length", "abc"], "error: Invalid value for '--context-length': 'abc' is not a valid int"),
+    (["bench", "e2e", "--iters", "abc"], "error: Invalid value for '--iters': 'abc' is not a valid int"),
 ])
 def test_messages_name_the_option_as_the_user_typed_it(lmsys, args, message):
     line = one_line(lmsys(*args))
@@ -85,3 +87,46 @@ def test_bench_e2e_sweeps_dtype_and_a_single_value_adds_no_column(lmsys):
 ])
 def test_bench_e2e_sweep_lists_are_checked_before_any_work(lmsys, args, message):
     assert message in one_line(lmsys(*E2E, *args))
+
+
+SWEEPABLE = ("--batch-size", "--context-length", "--heads", "--size", "--dtype", "--sm-carveout")
+
+
+def test_every_sweepable_option_says_whether_it_takes_a_comma_list():
+    """Help either says the option is a comma list (it sweeps) or that it is one value (the command looks at
+    one configuration), for every command and every option naming a sweepable quantity."""
+    import re
+
+    from test_cli_safety import _commands
+
+    seen = {}
+    for path, cmd in _commands():
+        if cmd.hidden:
+            continue
+        for param in cmd.params:
+            if param.opts and param.opts[0] in SWEEPABLE:
+                text = " ".join((param.help or "").split())
+                sweeps = "comma" in text.lower() and "not a comma" not in text.lower()
+                assert sweeps or re.search(r"\bone\b", text, re.I), (path, param.opts[0], text)
+                seen[(" ".join(path), param.opts[0])] = sweeps
+    for option in ("--batch-size", "--context-length", "--heads", "--size", "--dtype", "--sm-carveout"):
+        assert seen[("bench e2e", option)], option
+    for option in ("--batch-size", "--context-length", "--heads", "--dtype"):
+        assert seen[("bench attention", option)], option
+    assert seen[("profile memory", "--context-length")] and seen[("plan validate", "--size")]
+    assert not seen[("profile nsys", "--context-length")] and not seen[("ddp train", "--size")]
+
+
+def test_bench_attention_sweeps_dtype(lmsys):
+    import json
+
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "naive", "--d-head", "16", "--seq-len", "16",
+              "--warmup", "0", "--steps", "1", "--dtype", "fp32,bf16", "-f", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert [(row["dtype"], row["status"]) for row in doc["rows"]] == [("fp32", "ok"), ("bf16", "ok")]
+    assert doc["meta"]["run"].startswith("fp32,bf16, not causal, batch 8")
+    assert "--dtype: fp32 given twice" in one_line(lmsys("bench", "attention", "--device", "cpu", "--dtype", "fp32,fp32"))
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "naive", "--d-head", "16", "--seq-len", "16",
+              "--warmup", "0", "--steps", "1", "--dtype", "bf16", "-f", "json")
+    assert r.code == 0 and "dtype" not in json.loads(r.out)["rows"][0]  # one dtype: no column

@@ -235,6 +235,21 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
             yield _row(key, sweep, device, changes)
 
 
+def describe_sweeps(sweeps: list[Sweep]) -> str:
+    """Sweep.describe() of sweeps that differ only in dtype as one: 'fp32,bf16, not causal, batch 8, ...'."""
+    rest = {s.describe().removeprefix(s.dtype) for s in sweeps}
+    if len(rest) == 1:
+        return ",".join(s.dtype for s in sweeps) + rest.pop()
+    return " | ".join(s.describe() for s in sweeps)
+
+
+def run_sweeps(sweeps: list[Sweep], *, device) -> Iterator[dict]:
+    """`run_attention` over each sweep in turn (one per --dtype); with several, rows lead with a dtype column."""
+    for sweep in sweeps:
+        for row in run_attention(sweep, device=device):
+            yield {"dtype": sweep.dtype, **row} if len(sweeps) > 1 else row
+
+
 def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
     """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported, a user's
     `not implemented (...)` or the error the user's attention raised."""
@@ -357,15 +372,15 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     series: dict[tuple, list[tuple[int, float]]] = {}
     for row in rows:
         if row.get("status") == "ok":
-            key = (row["impl"], row["d"], row["batch"], row["heads"])
+            key = (row["impl"], row["d"], row["batch"], row["heads"], row.get("dtype"))
             series.setdefault(key, []).append((row["seq"], row["fwd+bwd ms"].mean))
     if not series:
         raise LmsysError("--plot: no configuration ran (all out of memory or unsupported); nothing to plot")
     multi = len({(k[2], k[3]) for k in series}) > 1
     fig, ax = plt.subplots(figsize=(8, 5))
-    for (impl, d, batch, heads), points in sorted(series.items()):
+    for (impl, d, batch, heads, dtype), points in sorted(series.items(), key=lambda kv: str(kv[0])):
         points.sort()
-        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "")
+        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "") + (f" {dtype}" if dtype else "")
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

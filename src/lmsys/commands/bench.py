@@ -122,7 +122,7 @@ def attention(
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
     d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128; CPU: 16,64).")] = None,
     seq_len: Annotated[Optional[str], typer.Option("--context-length", "--seq-len", help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384; CPU: 128,256).")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (seed: fp32).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16, comma-separated: the whole sweep once per dtype (seed: fp32).")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", metavar="", help="Causal mask (seed: no).")] = None,
     preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it; on a CPU the CPU implementations run instead, said on stderr).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10; CPU: 1).")] = None,
@@ -140,8 +140,13 @@ def attention(
 
     list_if_asked(impl=impl)
 
-    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
+    check_render_options(format, output, device=device, quiet=quiet)  # before torch is imported
     check_output_path(plot, what="--plot")
+    from lmsys.core.devices import DTYPE_CHOICES
+    from lmsys.core.parsing import choose, parse_list
+
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
+        if dtype is not None else [None]
     from lmsys.bench import attention  # torch-free until it runs
 
     for text in policy or ():
@@ -149,29 +154,33 @@ def attention(
 
     from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
-    from lmsys.core.parsing import parse_int_list, parse_list
+    from lmsys.core.parsing import parse_int_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
     if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
         require_triton("flash-triton")
-    sweep, notes = attention.resolve_sweep(
-        device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
-        batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
-        d_head=parse_int_list(d_head, what="--d-head") or None,
-        seq_len=parse_int_list(seq_len, what="--context-length") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, policies=policy,
-        adapters=adapters,
-    )
+    sizes = dict(impls=parse_list(impl, str, what="--impl") if impl else None,
+                 batch=parse_int_list(batch, what="--batch-size") or None,
+                 heads=parse_int_list(heads, what="--heads") or None,
+                 d_head=parse_int_list(d_head, what="--d-head") or None,
+                 seq_len=parse_int_list(seq_len, what="--context-length") or None)
+    resolved = [attention.resolve_sweep(device=dev, preset=preset, dtype=one, causal=causal, warmup=warmup,
+                                        steps=steps, kv_heads=kv_heads, policies=policy, adapters=adapters, **sizes)
+                for one in dtypes]
+    sweeps = [sweep for sweep, _ in resolved]
+    sweep, notes = resolved[0]  # the notes say what was chosen, the same for every dtype
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)
-    rows = list(track(attention.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
+    rows = list(track(attention.run_sweeps(sweeps, device=dev), total=sum(s.size for s in sweeps),
+                      description="bench attention"))
     meta = environment(dev)
-    meta["run"] = sweep.describe()
+    meta["run"] = attention.describe_sweeps(sweeps)
     notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
     notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
                  "(inputs, saved tensors, output), peak during the backward.")
     report = Report("bench attention", rows, meta, notes)
     if plot is not None:
-        attention.plot_attention(rows, plot, title=f"attention fwd+bwd, {sweep.describe().split(', warmup')[0]}")
+        title = f"attention fwd+bwd, {attention.describe_sweeps(sweeps).split(', warmup')[0]}"
+        attention.plot_attention(rows, plot, title=title)
         notes.append(f"Plot written to {plot}.")
     emit(report, format, output)
