@@ -103,3 +103,37 @@ def test_precision_draws_its_progress_on_a_terminal_only():
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
     code, shown, _ = on_a_terminal(*PRECISION, "--quiet")
     assert code == 0 and "additions" not in shown
+
+
+def test_a_child_process_progress_is_relayed_into_the_display(recorder):
+    """profile nsys runs the step in a process nsys starts: its lines reach this process's display."""
+    import os
+    import subprocess
+    import sys
+
+    from test_cli_safety import SRC
+
+    code = "from lmsys.core import progress\nprogress.plan_steps(3, 'steps')\nfor _ in range(3): progress.step()\n"
+    with progress.relayed() as env:
+        assert set(env) == {progress.ENV}
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC, **env}, check=True)
+        folder = os.path.dirname(env[progress.ENV])
+    assert recorder.loops() == [(3, 3)]
+    assert not os.path.exists(folder)  # the relay's file and folder are gone
+
+
+def test_without_a_display_nothing_is_relayed(monkeypatch):
+    monkeypatch.setattr(progress, "_display", None)
+    with progress.relayed() as env:
+        assert env == {}
+
+
+def test_the_step_under_nsys_reports_its_steps(recorder, tmp_path):
+    from lmsys.model.config import get_config
+    from lmsys.profiling import nsys_target
+
+    spec = {"config": get_config("tiny").with_overrides(num_layers=1, context_length=16).as_dict(), "batch_size": 1,
+            "dtype": "fp32", "mode": "fwd", "warmup": 1, "steps": 2, "device": "cpu",
+            "result": str(tmp_path / "result.json")}
+    nsys_target.run(spec)
+    assert recorder.loops() == [(3, 3)]

@@ -123,6 +123,35 @@ def rows(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
                 shown_.progress.update(shown_.steps, visible=False)
 
 
+@contextmanager
+def relayed() -> Iterator[dict[str, str]]:
+    """For a child process that is not a torchrun job (the step under nsys): yields the variables to add to
+    its environment, and while the block runs a thread reads the child's progress lines into the display.
+    Without a display: {} and nothing read. The file lives in a temporary folder, removed at the end."""
+    if _display is None:
+        yield {}
+        return
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryDirectory(prefix="lmsys-progress-") as folder:
+        relay = Relay(Path(folder))
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.wait(0.2):
+                relay.poll()
+
+        reader = threading.Thread(target=read, name="lmsys-progress", daemon=True)
+        reader.start()
+        try:
+            yield relay.env()
+        finally:
+            stop.set()
+            reader.join()
+            relay.poll()
+
+
 class Relay:
     """The launcher's side: a file for rank 0's progress lines, read into the display while the job runs."""
 
