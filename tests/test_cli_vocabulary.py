@@ -130,3 +130,19 @@ def test_bench_attention_sweeps_dtype(lmsys):
     r = lmsys("bench", "attention", "--device", "cpu", "--impl", "naive", "--d-head", "16", "--seq-len", "16",
               "--warmup", "0", "--steps", "1", "--dtype", "bf16", "-f", "json")
     assert r.code == 0 and "dtype" not in json.loads(r.out)["rows"][0]  # one dtype: no column
+
+
+@pytest.mark.parametrize("args,message,hint", [
+    (["bench", "e2e", "--dtype"], "error: Option '--dtype' requires an argument", "hint: lmsys bench e2e --help lists the options"),
+    (["comm", "allreduce", "--iters"], "error: Option '--iters' requires an argument", "hint: lmsys comm allreduce --help lists the options"),
+    (["bench", "e2e", "--fast=3"], "error: Option '--fast' does not take a value", "hint: lmsys bench e2e --help lists the options"),
+    (["bogus"], "error: No such command 'bogus'", "hint: lmsys --help lists the commands"),
+    (["bench", "bogus"], "error: No such command 'bogus'", "hint: lmsys bench --help lists the commands"),
+    (["plan", "validate"], "error: Missing option '--profile'", "hint: lmsys plan validate --help lists the options"),
+])
+def test_a_usage_error_hints_at_the_help_of_what_was_typed(lmsys, args, message, hint):
+    """Commands list options and groups list commands; an option missing its value (no Click context yet)
+    still names the command it was given to, not the root."""
+    r = lmsys(*args)
+    assert one_line(r) == message
+    assert r.err.splitlines()[1] == hint

@@ -59,8 +59,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     spelled: dict = {}
     try:
         args = sys.argv[1:] if argv is None else list(argv)
+        check_repeated_options(app, args)  # its message quotes the line as typed: not rewritten below
         spelled = given_spellings(app, args)
-        check_repeated_options(app, args)
         rv = app(args=args, prog_name="lmsys", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except LmsysError as exc:
@@ -74,7 +74,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         _quiet_exit(128 + int(signum))
     except Exception as exc:  # noqa: BLE001 - a crash is one line; LMSYS_DEBUG=1 keeps the traceback
         if _is_click_error(exc):
-            code = _usage_error(exc, spelled, debug=debug)
+            code = _usage_error(exc, spelled, args, debug=debug)
         elif type(exc).__name__ == "Abort":  # typer.Abort: Click's answer to EOF at a prompt
             _say_error("aborted", None, debug=debug)
             code = 1
@@ -147,32 +147,49 @@ def _is_click_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
 
 
-def _usage_error(exc, spelled: dict, *, debug: bool) -> int:
-    """A usage error as lmsys's own: one line plus a hint naming the command's --help; exit 2. A group
-    called without a command shows its help, as before."""
+def _usage_error(exc, spelled: dict, args: list[str], *, debug: bool) -> int:
+    """A usage error as lmsys's own: one line plus a hint naming the --help of the command (its options) or
+    of the group (its commands) the user was typing; exit 2. A group called without a command shows its
+    help, as before."""
     if type(exc).__name__ == "NoArgsIsHelpError":
         exc.show()
         return exc.exit_code
     ctx = getattr(exc, "ctx", None)
     message = as_given(" ".join(exc.format_message().split()).rstrip("."), spelled)
-    hint = f"{ctx.command_path} --help lists the options" if ctx is not None else "lmsys --help lists the commands"
-    _say_error(message, hint, debug=debug)
+    if ctx is not None:  # the context Click was parsing when it failed
+        path, group = ctx.command_path, hasattr(ctx.command, "commands")
+    else:  # an error before any context (an option missing its value): the command named on the line
+        path, group = _command_path(app, args)
+    _say_error(message, f"{path} --help lists the {'commands' if group else 'options'}", debug=debug)
     return exc.exit_code
+
+
+def _walk(root: typer.Typer, args: list[str]) -> tuple[object, list[str], int]:
+    """(the Click command the arguments name, the names walked to it, the index of the first argument
+    after them)."""
+    from typer.main import get_command
+
+    command, names, i = get_command(root), [], 0
+    while i < len(args) and hasattr(command, "commands"):  # walk down the groups to the command
+        if args[i] in getattr(command, "commands", {}):
+            command = command.commands[args[i]]
+            names.append(args[i])
+        elif not args[i].startswith("-"):
+            break
+        i += 1
+    return command, names, i
+
+
+def _command_path(root: typer.Typer, args: list[str]) -> tuple[str, bool]:
+    """('lmsys bench e2e', whether it is a group) for the command the arguments name."""
+    command, names, _ = _walk(root, args)
+    return " ".join(["lmsys", *names]), hasattr(command, "commands")
 
 
 def _given_options(root: typer.Typer, args: list[str]) -> Iterator[tuple[object, str, str]]:
     """(Click parameter, the name typed, the option as given with its value) for each option on the command
     line, in order; nothing after `--` is looked at."""
-    from typer.main import get_command
-
-    command = get_command(root)
-    i = 0
-    while i < len(args) and hasattr(command, "commands"):  # walk down the groups to the command
-        if args[i] in getattr(command, "commands", {}):
-            command = command.commands[args[i]]
-        elif not args[i].startswith("-"):
-            break
-        i += 1
+    command, _, i = _walk(root, args)
     by_name = {}
     for param in getattr(command, "params", []):
         for name in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
