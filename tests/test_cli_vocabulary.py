@@ -146,3 +146,12 @@ def test_a_usage_error_hints_at_the_help_of_what_was_typed(lmsys, args, message,
     r = lmsys(*args)
     assert one_line(r) == message
     assert r.err.splitlines()[1] == hint
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "e2e", "--seq-len", "1.5"], "error: --seq-len: cannot parse '1.5' (not a whole number)"),
+    (["comm", "allreduce", "--world-size", "two"], "error: --world-size: cannot parse 'two' (not a whole number)"),
+    (["ddp", "train", "--bucket-mb", "x"], "error: --bucket-mb: cannot parse 'x' (not a number)"),
+])
+def test_a_list_item_that_is_not_a_number_says_so_in_words(lmsys, args, message):
+    assert one_line(lmsys(*args)) == message
