@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+import test_cli_safety
 from test_cli_safety import one_line
+
+no_torchrun = test_cli_safety.no_torchrun  # a fixture: torchrun must not start
 
 
 @pytest.mark.parametrize("args,message", [
@@ -114,6 +117,7 @@ def test_every_sweepable_option_says_whether_it_takes_a_comma_list():
     for option in ("--batch-size", "--context-length", "--heads", "--dtype"):
         assert seen[("bench attention", option)], option
     assert seen[("profile memory", "--context-length")] and seen[("plan validate", "--size")]
+    assert all(seen[(f"comm {name}", "--dtype")] for name in ("allreduce", "all-gather", "send-recv"))
     assert not seen[("profile nsys", "--context-length")] and not seen[("ddp train", "--size")]
 
 
@@ -155,3 +159,23 @@ def test_a_usage_error_hints_at_the_help_of_what_was_typed(lmsys, args, message,
 ])
 def test_a_list_item_that_is_not_a_number_says_so_in_words(lmsys, args, message):
     assert one_line(lmsys(*args)) == message
+
+
+def test_comm_sweeps_dtype_in_one_job(lmsys):
+    import json
+
+    r = lmsys("comm", "allreduce", "--backend", "gloo", "--world-size", "2", "--sizes", "4KB", "--dtype", "fp32,bf16",
+              "--warmup", "0", "--iters", "1", "-f", "json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert [(row["dtype"], row["correct"]) for row in doc["rows"]] == [("fp32", True), ("bf16", True)]
+    assert doc["meta"]["run"].startswith("gloo, fp32,bf16, ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dtype", "fp32,fp32"], "error: --dtype: fp32 given twice"),
+    (["--dtype", "fp32,int8"], "error: --dtype must be one of fp32, bf16, fp16, not 'int8'"),
+    (["--dtype", "fp32,bf16", "--sizes", "6"], "error: --sizes 6: 6 bytes is not a whole number of fp32 elements"),
+])
+def test_comm_dtype_lists_are_checked_before_torchrun(lmsys, no_torchrun, args, message):
+    assert message in one_line(lmsys("comm", "allreduce", "--backend", "gloo", *args))
