@@ -22,7 +22,7 @@ from typing import Iterator
 
 from lmsys.core import progress
 from lmsys.core.errors import LmsysError
-from lmsys.core.files import atomic_output
+from lmsys.core.files import save_figure
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
@@ -390,6 +390,5 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    with atomic_output(path, what="--plot") as tmp:
-        fig.savefig(tmp, dpi=120)
+    save_figure(fig, path, what="--plot", dpi=120)
     plt.close(fig)
