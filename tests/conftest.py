@@ -2,6 +2,7 @@
 
 - Without a GPU, Triton kernels run in its interpreter; TRITON_INTERPRET is read when a kernel is
   decorated, so it is set here, before any lmsys.kernels module is imported.
+- Temporary files go into a folder of this session's, removed at the end; leftovers are listed in the summary.
 - `gpu`-marked tests are skipped without CUDA (they run on the lent GPU machine).
 - `lmsys` runs the CLI in-process through `lmsys.cli.main` (the real entry point, with its exit codes).
 - Every test starts from a fixed seed of its own (from its node id) for torch and `random`; the seed is
@@ -20,6 +21,35 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Issue 27 item 7, the tests leave nothing in the temp directory: this session's temporary files (torch's
+# torchinductor_<user> cache and precompiled headers, torchrun's torchelastic_* folders, lmsys's run folders,
+# in this process and in the subprocesses that inherit TMPDIR) go into a folder of its own, removed when the
+# session ends; anything else found there then is listed in the summary. pytest's own tmp_path folders
+# stay where pytest keeps them (PYTEST_DEBUG_TEMPROOT), so a failed test's files can still be looked at.
+_SESSION_TMP = None
+if "LMSYS_TESTS_TMP" not in os.environ:
+    import tempfile
+
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _SESSION_TMP = tempfile.mkdtemp(prefix="lmsys-tests-")
+    os.environ["TMPDIR"] = os.environ["LMSYS_TESTS_TMP"] = tempfile.tempdir = _SESSION_TMP
+_LEFT: list[str] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SESSION_TMP is None:
+        return
+    import shutil
+
+    _LEFT.extend(sorted(name for name in os.listdir(_SESSION_TMP) if not name.startswith("torchinductor_")))
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _LEFT:
+        terminalreporter.write_line(f"left in the temp directory by the tests (now removed): {', '.join(_LEFT)}",
+                                    yellow=True)
 
 
 def pytest_collection_modifyitems(config, items):

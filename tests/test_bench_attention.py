@@ -101,9 +101,10 @@ def test_bench_attention_plot(lmsys, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (("--impl", "flashy"), "attention implementation must be one of"),
+    (("--impl", "flashy"), "--impl must be one of"),
     (("--preset", "fast"), "--preset must be one of leaderboard"),
-    (("--seq-len", "0"), "--context-length"),  # --seq-len is the old spelling
+    (("--seq-len", "0"), "--seq-len must be >= 1"),  # named as typed (the alias of --context-length)
+    (("--context-length", "0"), "--context-length must be >= 1"),
     (("--steps", "0"), "--steps"),
     (("--dtype", "fp16"), "fp16"),
     (("--plot", "/nonexistent/dir/a.png"), "--plot: directory /nonexistent/dir does not exist"),

@@ -100,7 +100,7 @@ def test_compare_runs_references_once_and_reports_speedups(lmsys):
     (("--dtype", "fp16"), "fp16 needs a CUDA GPU"),
     (("--dtype", "fp8"), "--dtype must be one of"),
     (("--mode", "sideways"), "--mode must be one of"),
-    (("--attn", "magic"), "attention implementation must be one of"),
+    (("--attn", "magic"), "--attn must be one of"),
     (("--format", "xml"), "--format must be one of"),
     (("--output", "/nonexistent/dir/x.md"), "does not exist"),
     (("--steps", "0"), "--steps must be >= 1, got 0"),

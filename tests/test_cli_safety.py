@@ -231,7 +231,8 @@ def test_comm_device_cuda_without_a_gpu_names_device_not_backend(lmsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["bench", "e2e", "--steps", "abc"], "error: Invalid value for '--steps' / '--iters': 'abc' is not a valid int"),
+    (["bench", "e2e", "--steps", "abc"], "error: Invalid value for '--steps': 'abc' is not a valid int"),
+    (["bench", "e2e", "--iters", "abc"], "error: Invalid value for '--iters': 'abc' is not a valid int"),
     (["precision", "--bogus"], "error: No such option: --bogus"),
     (["precision", "extra"], "error: Got unexpected extra argument(s) (extra)"),
     (["bench", "e2e", "--size", "tiny", "--size", "small"], "error: --size was given twice (--size tiny, then --size small)"),
@@ -514,7 +515,7 @@ def test_impl_names_the_attention_everywhere_and_attn_stays_an_alias(lmsys):
     for path, cmd in _commands():
         assert not any("--attn" in p.opts and "--impl" not in p.opts for p in cmd.params), path
     for spelling in ("--impl", "--attn"):
-        assert "attention implementation must be one of" in one_line(lmsys("bench", "e2e", spelling, "bogus"))
+        assert f"error: {spelling} must be one of" in one_line(lmsys("bench", "e2e", spelling, "bogus"))
 
 
 @pytest.mark.parametrize("alias,name", [("allgather", "all-gather"), ("reducescatter", "reduce-scatter"),

@@ -69,7 +69,8 @@ def test_under_a_users_torchrun_only_rank0_prints(tmp_path):
     (["--world-size", "two"], "--world-size: cannot parse 'two'"),
     (["--world-size", "0"], "--world-size must be >= 1, got 0"),
     (["--dtype", "fp64"], "--dtype must be one of"),
-    (["--iters", "0"], "--steps must be >= 1, got 0"),
+    (["--iters", "0"], "--iters must be >= 1, got 0"),  # named as typed
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--format", "xml"], "--format must be one of"),
 ])

@@ -225,7 +225,7 @@ def test_all_reduce_alias_is_hidden_but_works(lmsys):
     assert "all-gather" in r.out and "reduce-scatter" in r.out and "broadcast" in r.out
     assert "│ all-reduce " not in r.out and "│ allreduce " in r.out  # listed once, as allreduce
     r = lmsys("comm", "all-reduce", "--iters", "0")
-    assert r.code == 2 and "--steps must be >= 1" in r.err
+    assert r.code == 2 and "--iters must be >= 1" in r.err  # named as typed
 
 
 def test_send_recv_is_listed_and_refuses_an_odd_world_before_launch(lmsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 
@@ -56,13 +56,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     stdout = sys.stdout
     sys.stdout = _PipeGuard(stdout)
     code: int = 0
+    spelled: dict = {}
     try:
         args = sys.argv[1:] if argv is None else list(argv)
-        check_repeated_options(app, args)
+        check_repeated_options(app, args)  # its message quotes the line as typed: not rewritten below
+        spelled = given_spellings(app, args)
         rv = app(args=args, prog_name="lmsys", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except LmsysError as exc:
-        _say_error(exc.message, exc.hint, debug=debug)
+        _say_error(as_given(exc.message, spelled), as_given(exc.hint, spelled), debug=debug)
         code = 2
     except StdoutClosed:
         code = -1
@@ -72,7 +74,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         _quiet_exit(128 + int(signum))
     except Exception as exc:  # noqa: BLE001 - a crash is one line; LMSYS_DEBUG=1 keeps the traceback
         if _is_click_error(exc):
-            code = _usage_error(exc, debug=debug)
+            code = _usage_error(exc, spelled, args, debug=debug)
         elif type(exc).__name__ == "Abort":  # typer.Abort: Click's answer to EOF at a prompt
             _say_error("aborted", None, debug=debug)
             code = 1
@@ -145,37 +147,53 @@ def _is_click_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
 
 
-def _usage_error(exc, *, debug: bool) -> int:
-    """A usage error as lmsys's own: one line plus a hint naming the command's --help; exit 2. A group
-    called without a command shows its help, as before."""
+def _usage_error(exc, spelled: dict, args: list[str], *, debug: bool) -> int:
+    """A usage error as lmsys's own: one line plus a hint naming the --help of the command (its options) or
+    of the group (its commands) the user was typing; exit 2. A group called without a command shows its
+    help, as before."""
     if type(exc).__name__ == "NoArgsIsHelpError":
         exc.show()
         return exc.exit_code
     ctx = getattr(exc, "ctx", None)
-    message = " ".join(exc.format_message().split()).rstrip(".")
-    hint = f"{ctx.command_path} --help lists the options" if ctx is not None else "lmsys --help lists the commands"
-    _say_error(message, hint, debug=debug)
+    message = as_given(" ".join(exc.format_message().split()).rstrip("."), spelled)
+    if ctx is not None:  # the context Click was parsing when it failed
+        path, group = ctx.command_path, hasattr(ctx.command, "commands")
+    else:  # an error before any context (an option missing its value): the command named on the line
+        path, group = _command_path(app, args)
+    _say_error(message, f"{path} --help lists the {'commands' if group else 'options'}", debug=debug)
     return exc.exit_code
 
 
-def check_repeated_options(root: typer.Typer, args: list[str]) -> None:
-    """A single-value option given twice (`--size a --size b`) is a usage error, not "the last one wins".
-    Options that take a list (repeatable) are not counted; nothing after `--` is looked at."""
+def _walk(root: typer.Typer, args: list[str]) -> tuple[object, list[str], int]:
+    """(the Click command the arguments name, the names walked to it, the index of the first argument
+    after them)."""
     from typer.main import get_command
 
-    command = get_command(root)
-    i = 0
+    command, names, i = get_command(root), [], 0
     while i < len(args) and hasattr(command, "commands"):  # walk down the groups to the command
         if args[i] in getattr(command, "commands", {}):
             command = command.commands[args[i]]
+            names.append(args[i])
         elif not args[i].startswith("-"):
             break
         i += 1
+    return command, names, i
+
+
+def _command_path(root: typer.Typer, args: list[str]) -> tuple[str, bool]:
+    """('lmsys bench e2e', whether it is a group) for the command the arguments name."""
+    command, names, _ = _walk(root, args)
+    return " ".join(["lmsys", *names]), hasattr(command, "commands")
+
+
+def _given_options(root: typer.Typer, args: list[str]) -> Iterator[tuple[object, str, str]]:
+    """(Click parameter, the name typed, the option as given with its value) for each option on the command
+    line, in order; nothing after `--` is looked at."""
+    command, _, i = _walk(root, args)
     by_name = {}
     for param in getattr(command, "params", []):
         for name in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
             by_name[name] = param
-    seen: dict[str, str] = {}
     while i < len(args):
         token = args[i]
         i += 1
@@ -189,6 +207,39 @@ def check_repeated_options(root: typer.Typer, args: list[str]) -> None:
         if not getattr(param, "is_flag", False) and getattr(param, "count", False) is False and "=" not in token:
             given = f"{token} {args[i]}" if i < len(args) else token
             i += 1  # its value, which may look like an option itself
+        yield param, name, given
+
+
+def given_spellings(root: typer.Typer, args: list[str]) -> dict[str, tuple[tuple[str, ...], str]]:
+    """For each option with several names that the user gave (`--seq-len` for --context-length, `--attn` for
+    --impl): canonical name -> (all its names, the name typed). Messages then name what was typed."""
+    spelled = {}
+    for param, name, _ in _given_options(root, args):
+        opts = tuple(getattr(param, "opts", ()))
+        if len(opts) > 1 and name in opts:  # typed as the canonical name: Click's 'A' / 'B' still reads 'A'
+            spelled[opts[0]] = (opts, name)
+    return spelled
+
+
+def as_given(text: Optional[str], spelled: dict[str, tuple[tuple[str, ...], str]]) -> Optional[str]:
+    """`text` with each option named as the user typed it: lmsys's `--context-length must be >= 1` reads
+    `--seq-len must be >= 1` after `--seq-len 0`, and Click's `'--context-length' / '--seq-len'` reads
+    `'--seq-len'`."""
+    import re
+
+    if not text:
+        return text
+    for canonical, (opts, typed) in spelled.items():
+        text = text.replace(" / ".join(f"'{o}'" for o in opts), f"'{typed}'")
+        text = re.sub(rf"(?<![\w-]){re.escape(canonical)}(?![\w-])", typed, text)
+    return text
+
+
+def check_repeated_options(root: typer.Typer, args: list[str]) -> None:
+    """A single-value option given twice (`--size a --size b`) is a usage error, not "the last one wins".
+    Options that take a list (repeatable) are not counted; nothing after `--` is looked at."""
+    seen: dict[str, str] = {}
+    for param, name, given in _given_options(root, args):
         if getattr(param, "multiple", False):
             continue
         if param.name in seen:

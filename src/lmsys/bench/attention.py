@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
+from lmsys.core import progress
 from lmsys.core.errors import LmsysError
-from lmsys.core.files import atomic_output
+from lmsys.core.files import save_figure
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
@@ -200,7 +201,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
     from lmsys.kernels.registry import check_name, resolve
 
     for name in sweep.impls:  # a user's is loaded now: a file that does not import is one line before any work
-        resolve(check_name(name, adapters=adapters), adapters=adapters)
+        resolve(check_name(name, adapters=adapters, what="--impl"), adapters=adapters)
         check_impl(name)
     check_dtype_for_device(sweep.dtype, device)
     for what, value, minimum in (("--warmup", sweep.warmup, 0), ("--steps", sweep.steps, 1)):
@@ -232,6 +233,21 @@ def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
             policy = {"policy": label} if sweep.policies else {}
             key = {"impl": impl, **policy, "batch": batch, "heads": heads, "d": d, "seq": seq}
             yield _row(key, sweep, device, changes)
+
+
+def describe_sweeps(sweeps: list[Sweep]) -> str:
+    """Sweep.describe() of sweeps that differ only in dtype as one: 'fp32,bf16, not causal, batch 8, ...'."""
+    rest = {s.describe().removeprefix(s.dtype) for s in sweeps}
+    if len(rest) == 1:
+        return ",".join(s.dtype for s in sweeps) + rest.pop()
+    return " | ".join(s.describe() for s in sweeps)
+
+
+def run_sweeps(sweeps: list[Sweep], *, device) -> Iterator[dict]:
+    """`run_attention` over each sweep in turn (one per --dtype); with several, rows lead with a dtype column."""
+    for sweep in sweeps:
+        for row in run_attention(sweep, device=device):
+            yield {"dtype": sweep.dtype, **row} if len(sweeps) > 1 else row
 
 
 def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
@@ -296,8 +312,10 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         def forward():
             return FlashAttentionTriton.apply(q, k, v, sweep.causal, None, changed)
 
+    progress.plan_steps(sweep.warmup + sweep.steps, "fwd+bwd steps")
     for _ in range(sweep.warmup):  # compilation and autotuning happen here
         torch.autograd.grad(forward(), inputs, do)
+        progress.step()
     synchronize(device)
 
     # One step alone for memory: the allocator's counters live on the host, no synchronisation needed.
@@ -317,6 +335,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
             with timer.region("backward"):
                 grads = torch.autograd.grad(out, inputs, do)
         del out, grads
+        progress.step()
     stats = timer.stats()
     fwd, bwd, total = stats["forward"], stats["backward"], stats["forward+backward"]
 
@@ -353,15 +372,15 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     series: dict[tuple, list[tuple[int, float]]] = {}
     for row in rows:
         if row.get("status") == "ok":
-            key = (row["impl"], row["d"], row["batch"], row["heads"])
+            key = (row["impl"], row["d"], row["batch"], row["heads"], row.get("dtype"))
             series.setdefault(key, []).append((row["seq"], row["fwd+bwd ms"].mean))
     if not series:
         raise LmsysError("--plot: no configuration ran (all out of memory or unsupported); nothing to plot")
     multi = len({(k[2], k[3]) for k in series}) > 1
     fig, ax = plt.subplots(figsize=(8, 5))
-    for (impl, d, batch, heads), points in sorted(series.items()):
+    for (impl, d, batch, heads, dtype), points in sorted(series.items(), key=lambda kv: str(kv[0])):
         points.sort()
-        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "")
+        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "") + (f" {dtype}" if dtype else "")
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -371,6 +390,5 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    with atomic_output(path, what="--plot") as tmp:
-        fig.savefig(tmp, dpi=120)
+    save_figure(fig, path, what="--plot", dpi=120)
     plt.close(fig)

@@ -170,17 +170,20 @@ def _unsupported(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) or "support" in text or "not implemented" in text
 
 
-def collective_job(ctx: RankContext, *, collective: str, sizes: list[int], labels: list[str], dtype: str,
+def collective_job(ctx: RankContext, *, collective: str, sizes: list[int], labels: list[str], dtype: str | list[str],
                    warmup: int, iters: int, baseline: bool) -> dict:
-    """Rows for every size on this group (meaningful on rank 0), plus the run's environment."""
+    """Rows for every dtype (one, or a list: --dtype's sweep) and size on this group (meaningful on rank 0),
+    plus the run's environment."""
     if collective == "send-recv" and ctx.world_size % 2:
         raise LmsysError(f"send-recv pairs ranks 0-1, 2-3, ...: the world size must be even, got {ctx.world_size}")
+    dtypes = [dtype] if isinstance(dtype, str) else list(dtype)
     rows = []
-    progress.plan_rows(len(sizes))
-    for nbytes, label in zip(sizes, labels):
-        progress.start_row(f"{collective} {label}")
-        rows += measure_collective(ctx, collective, nbytes=nbytes, label=label, dtype=dtype, warmup=warmup,
-                                   iters=iters, baseline=baseline)
+    progress.plan_rows(len(sizes) * len(dtypes))
+    for dt in dtypes:
+        for nbytes, label in zip(sizes, labels):
+            progress.start_row(f"{collective} {label}" + (f" {dt}" if len(dtypes) > 1 else ""))
+            rows += measure_collective(ctx, collective, nbytes=nbytes, label=label, dtype=dt, warmup=warmup,
+                                       iters=iters, baseline=baseline)
     meta = environment(ctx.device)
     if ctx.backend == "nccl":
         version = torch.cuda.nccl.version()  # a tuple on recent torch, an int (e.g. 21803) on old ones

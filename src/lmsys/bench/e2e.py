@@ -116,14 +116,50 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
     return options
 
 
-def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: list[str], **options
+def sweep_configs(sizes: list[str], *, context_lengths: list[int], heads: list[int | None], **overrides
+                  ) -> list[tuple[str, ModelConfig]]:
+    """(name, config) for every size x head count x context length (sizes outermost), each validated by
+    `resolve_configs` with `overrides` (d_model, layers, attn_impl, model, ...) applied."""
+    from lmsys.model.config import resolve_configs
+
+    return [pair for name in sizes for h in heads for c in context_lengths
+            for pair in resolve_configs([name], context_length=c, heads=h, **overrides)]
+
+
+def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: list[str],
+                      batch_sizes: list[int] | None = None, variants: list[dict] | None = None, **options
                       ) -> list[tuple[str, Workload]]:
-    """One Workload per (configuration, checkpoint policy); `options` are Workload fields."""
+    """One Workload per (configuration, batch size, variant, checkpoint policy); `options` are Workload
+    fields, `variants` Workload fields that differ between rows (dtype, sm_carveout) on top of them."""
+    per_batch = [{"batch_size": b} for b in batch_sizes] if batch_sizes else [{}]
     out = []
     for name, cfg in configs:
-        for policy in checkpoints:  # Workload validates the policy
-            out.append((name, Workload(cfg, checkpoint=policy, **check_user_fast_path(cfg, options, checkpoints))))
+        for batch in per_batch:
+            for variant in variants or [{}]:
+                fields = check_user_fast_path(cfg, {**options, **batch, **variant}, checkpoints)
+                for policy in checkpoints:  # Workload validates the policy
+                    out.append((name, Workload(cfg, checkpoint=policy, **fields)))
     return out
+
+
+# What a sweep can vary within one --size, as (column, value of a Workload): a column is shown when it does.
+SWEPT = (
+    ("heads", lambda w: w.config.num_heads),
+    ("context", lambda w: w.config.context_length),
+    ("batch", lambda w: w.batch_size),
+    ("dtype", lambda w: w.dtype),
+    ("sm carveout", lambda w: w.sm_carveout),
+)
+
+
+def swept_columns(workloads: list[tuple[str, Workload]]) -> list[str]:
+    """The SWEPT columns that take more than one value for some --size (a different size's own head count
+    is not a sweep)."""
+    seen: dict[tuple[str, str], set] = {}
+    for name, workload in workloads:
+        for column, value in SWEPT:
+            seen.setdefault((name, column), set()).add(value(workload))
+    return [column for column, _ in SWEPT if any(len(seen.get((name, column), ())) > 1 for name, _ in workloads)]
 
 
 def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
@@ -152,17 +188,37 @@ def numerics(workload: Workload) -> str:
 
 def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: list[tuple[str, Workload]], *,
                  warmup: int, steps: int, compare: bool) -> tuple[dict, list[str]]:
-    """The meta lines and notes of a `bench e2e` report (added to `meta`, the environment)."""
+    """The meta lines and notes of a `bench e2e` report (added to `meta`, the environment). Swept values
+    are listed where they vary: `context 128,256`, `batch 2,4`."""
     workload = workloads[0][1]
-    meta.update({name: describe(cfg) for name, cfg in configs})
-    meta["run"] = f"batch {workload.batch_size}, {numerics(workload)}, warmup {warmup}, steps {steps}"
-    meta["lmsys path"] = workload.describe()
+    by_name: dict[str, list[str]] = {}
+    for name, cfg in configs:
+        by_name.setdefault(name, []).append(describe(cfg))
+    meta.update({name: _merge(lines) for name, lines in by_name.items()})
+    batches = ",".join(map(str, dict.fromkeys(w.batch_size for _, w in workloads)))
+    how = " | ".join(dict.fromkeys(numerics(w) for _, w in workloads))
+    meta["run"] = f"batch {batches}, {how}, warmup {warmup}, steps {steps}"
+    meta["lmsys path"] = " | ".join(dict.fromkeys(w.describe() for _, w in workloads))
     notes = [MFU_NOTE + (" (TF32 peak where TF32 is on)." if workload.tf32 else ".")]
     if compare:
         meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
         meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
         notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
     return meta, notes
+
+
+def _merge(lines: list[str]) -> str:
+    """Descriptions of one size's swept configs as one: the words that differ listed with commas
+    ("4 heads" and "8 heads" -> "4,8 heads"); descriptions of another shape are joined whole."""
+    lines = list(dict.fromkeys(lines))
+    words = [line.split(" ") for line in lines]
+    if len({len(w) for w in words}) != 1:
+        return " | ".join(lines)
+    merged = []
+    for column in zip(*words):
+        comma = "," if all(w.endswith(",") for w in column) else ""
+        merged.append(",".join(dict.fromkeys(w.removesuffix(comma) for w in column)) + comma)
+    return " ".join(merged)
 
 
 def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: int, steps: int, device,
@@ -173,6 +229,7 @@ def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: 
     from lmsys.train.build import count_parameters
 
     show_checkpoint = any(w.checkpoint != "none" for _, w in workloads)
+    swept = swept_columns(workloads)
     references: dict = {}  # (name, config, batch, dtype) -> reference rows
     for name, workload in workloads:
         params = count_parameters(workload.config)
@@ -181,20 +238,27 @@ def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: 
         ref_key = (name, workload.config, workload.batch_size, workload.dtype)
         if compare and ref_key not in references:
             references[ref_key] = [
-                _ident(name, path, ref if show_checkpoint else None) | row
+                _ident(name, path, ref if show_checkpoint else None, swept=swept, of=workload) | row
                 for path, ref in reference_workloads(workload)
                 for row in _measure_or_oom(ref, params, **measure)
             ]
             group += references[ref_key]
         for row in _measure_or_oom(workload, params, **measure):
-            group.append(_ident(name, "lmsys" if compare else None, workload if show_checkpoint else None) | row)
+            group.append(_ident(name, "lmsys" if compare else None, workload if show_checkpoint else None,
+                                swept=swept, of=workload) | row)
         if compare:
             _add_speedups(group, references[ref_key])
         yield from group
 
 
-def _ident(name: str, path: str | None, workload: Workload | None) -> dict:
+def _ident(name: str, path: str | None, workload: Workload | None, *, swept: list[str] = (),
+           of: Workload | None = None) -> dict:
+    """The columns naming a row: size, the swept values of `of` (the lmsys workload: a reference row
+    carries its batch and shape), the path, the checkpoint policy of `workload`."""
     ident = {"size": name}
+    for column, value in SWEPT:
+        if column in swept:
+            ident[column] = value(of)
     if path is not None:
         ident["path"] = path
     if workload is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmsys.core import progress
 from lmsys.core.devices import torch_dtype
 
 
@@ -58,10 +59,18 @@ def accumulation_experiment(n: int = 1000, addend: float = 0.01) -> list[dict]:
         ("bf16", torch.bfloat16, torch.bfloat16),
     ]
     rows = []
+    progress.plan_rows(len(cases))
+    every = -(-n // 100)  # progress at most a hundred times per case, not per addition
     for label, acc_dtype, add_dtype in cases:
+        progress.start_row(label)
+        progress.plan_steps(n, "additions")
         s = torch.tensor(0.0, dtype=acc_dtype)
-        for _ in range(n):
+        for i in range(1, n + 1):
             s += torch.tensor(addend, dtype=add_dtype)  # in-place: the result keeps acc_dtype
+            if i % every == 0:
+                progress.step(every)
+        if n % every:
+            progress.step(n % every)
         value = float(s)
         rows.append({"accumulation": label, "result": value, "abs error": abs(value - exact),
                      "rel error": abs(value - exact) / exact})

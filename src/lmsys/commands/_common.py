@@ -10,7 +10,7 @@ import typer
 T = TypeVar("T")
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu (auto: cuda when a GPU is visible).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per run).")]
 FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help=(
     "table | md | csv | json. Default: a table on stdout; with --output, the file's extension picks its format "
     "(.json, .csv, else md)."))]

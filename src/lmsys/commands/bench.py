@@ -7,7 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from lmsys.kernels.registry import NAMES as ATTENTION_NAMES
-from lmsys.commands._common import (QuietOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
+from lmsys.commands._common import (QuietOpt, DeviceOpt, FormatOpt, OutputOpt, check_attention_impl, check_counts,
                                     check_render_options, emit, require_triton, track)
 
 app = typer.Typer(help="Benchmarks: end-to-end training step, attention kernels.", no_args_is_help=True)
@@ -19,14 +19,14 @@ def e2e(
     d_model: Annotated[Optional[int], typer.Option(help="Override d_model.")] = None,
     d_ff: Annotated[Optional[int], typer.Option(help="Override d_ff.")] = None,
     layers: Annotated[Optional[int], typer.Option(help="Override the number of layers.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Override the number of heads.")] = None,
-    context_length: Annotated[int, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch.")] = 512,
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")] = 4,
+    heads: Annotated[Optional[str], typer.Option(help="Override the number of heads; a comma list sweeps it (one row each).")] = None,
+    context_length: Annotated[str, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch; a comma list sweeps it (one row each).")] = "512",
+    batch_size: Annotated[str, typer.Option("--batch-size", "--batch", help="Sequences per step; a comma list sweeps it (one row each).")] = "4",
     vocab_size: Annotated[Optional[int], typer.Option(help="Override the vocabulary size (10,000).")] = None,
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train | all.")] = "train",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps (0 allowed).")] = 5,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 10,
-    dtype: DtypeOpt = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16; a comma list sweeps it (one row each).")] = "fp32",
     peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="Dense peak TFLOP/s per GPU that MFU divides by, for a GPU lmsys.core.hardware's table does not know (default: the table's for --dtype; unknown GPU: no MFU).")] = None,
     attn: Annotated[Optional[str], typer.Option("--impl", "--attn", help="Attention implementation (--attn: the former name): " + " | ".join(ATTENTION_NAMES) + " | pkg.module:Name | file.py:Name (your attention, [batch, seq, d]). Default naive (sdpa with --fast).")] = None,
     compile: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile the whole loss function (model + cross-entropy).")] = False,
@@ -38,7 +38,7 @@ def e2e(
     tf32: Annotated[bool, typer.Option("--tf32", metavar="", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
     optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", metavar="", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (off by default, also with --fast: measured no faster on an H200).")] = None,
     optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", metavar="", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (needs --optimizer-in-backward).")] = None,
-    sm_carveout: Annotated[Optional[int], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only).")] = None,
+    sm_carveout: Annotated[Optional[str], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only); a comma list sweeps it (one row each).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
     fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
     model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or factory, built with --size's sizes by keyword, ids [B, S] -> logits [B, S, V]); `list` lists them. Default: lmsys.")] = None,
@@ -56,47 +56,56 @@ def e2e(
     from lmsys.model.user import check_model, parse_model_kwargs
 
     list_if_asked(model=model)
-    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
+    check_render_options(format, output, device=device, quiet=quiet)  # before torch is imported
+    from lmsys.core.devices import DTYPE_CHOICES
     from lmsys.core.hardware import check_peak
+    from lmsys.core.parsing import choose, parse_int_list, parse_list
 
     check_peak(peak_tflops)
-    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), context_length=(context_length, 1))
+    check_counts(warmup=(warmup, 0), steps=(steps, 1))
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")]
+    batch_sizes = parse_int_list(batch_size, what="--batch-size")
+    context_lengths = parse_int_list(context_length, what="--context-length")
+    head_counts = parse_int_list(heads, what="--heads") if heads is not None else [None]
+    carveouts = parse_int_list(sm_carveout, what="--sm-carveout", minimum=0) if sm_carveout is not None else [None]
     if compile and compile_blocks:
         raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
     if attn is not None:
-        check_name(attn)
+        check_name(attn, what="--impl")
     model = check_model(model) if model else None
     if attn is not None and model not in (None, "lmsys"):
-        raise LmsysError(f"--attn picks the attention inside lmsys's model; --model {model} runs its own "
-                         "(leave --attn out)")
+        raise LmsysError(f"--impl picks the attention inside lmsys's model; --model {model} runs its own "
+                         "(leave --impl out)")
     kwargs_json = parse_model_kwargs(model_kwargs)
 
     from lmsys.bench import e2e
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
-    from lmsys.core.parsing import parse_list
     from lmsys.core.results import Report
-    from lmsys.model.config import default_size, resolve_configs
+    from lmsys.model.config import default_size
     modes = e2e.expand_modes(mode)
     dev = resolve_device(device)
-    check_dtype_for_device(dtype, dev)
-    options = e2e.step_options(dev, dtype, fast=fast, attn=attn,
-                               compile_scope="model" if compile else ("blocks" if compile_blocks else None),
-                               optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
-                               optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream,
-                               sm_carveout=sm_carveout)
-    if options["attn_impl"] is not None:
-        check_attention_impl(options["attn_impl"], dev)
-    if options.get("master_weights"):
+    for one in dtypes:
+        check_dtype_for_device(one, dev)
+    variants = [{"dtype": one, **e2e.step_options(
+        dev, one, fast=fast, attn=attn, compile_scope="model" if compile else ("blocks" if compile_blocks else None),
+        optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
+        optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream, sm_carveout=carveout)}
+        for one in dtypes for carveout in carveouts]
+    attn_impl = [v.pop("attn_impl") for v in variants][0]  # --impl or --fast's: the same for every dtype
+    if attn_impl is not None:
+        check_attention_impl(attn_impl, dev)
+    if any(v.get("master_weights") for v in variants):
         require_triton("--master-weights (a fused Triton AdamW)")
     sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
-    configs = resolve_configs(sizes, context_length=context_length, vocab_size=vocab_size, d_model=d_model,
-                              d_ff=d_ff, layers=layers, heads=heads, attn_impl=options.pop("attn_impl"),
-                              model=model, model_kwargs=kwargs_json)
+    configs = e2e.sweep_configs(sizes, context_lengths=context_lengths, heads=head_counts, vocab_size=vocab_size,
+                                d_model=d_model, d_ff=d_ff, layers=layers, attn_impl=attn_impl, model=model,
+                                model_kwargs=kwargs_json)
     for _, cfg in configs:  # a YAML's own attn_impl, checked as --impl is
         check_attention_impl(cfg.attn_impl, dev)
     workloads = e2e.resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
-                                      batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs, **options)
-    e2e.check_memory(configs, dev, batch_size=batch_size, dtype=dtype)
+                                      batch_sizes=batch_sizes, variants=variants, cuda_graphs=cuda_graphs)
+    for one in dtypes:
+        e2e.check_memory(configs, dev, batch_size=max(batch_sizes), dtype=one)
     per_workload = len(modes) * (3 if compare else 1)
     rows = list(track(e2e.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare,
                                   peak_tflops=peak_tflops),
@@ -113,7 +122,7 @@ def attention(
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (grouped-query attention; must divide every --heads). Default: as many as --heads.")] = None,
     d_head: Annotated[Optional[str], typer.Option(help="Head dims, comma-separated (seed: 16,32,64,128; CPU: 16,64).")] = None,
     seq_len: Annotated[Optional[str], typer.Option("--context-length", "--seq-len", help="Sequence lengths, comma-separated (seed: 256,1024,4096,8192,16384; CPU: 128,256).")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (seed: fp32).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32 | bf16 | fp16, comma-separated: the whole sweep once per dtype (seed: fp32).")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", metavar="", help="Causal mask (seed: no).")] = None,
     preset: Annotated[Optional[str], typer.Option(help="leaderboard: bf16, causal, batch 1, 16 heads, seq 16384, d 64, sdpa-flash vs sdpa-cudnn vs flash-triton (other options override it; on a CPU the CPU implementations run instead, said on stderr).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed forward+backward steps first (seed: 10; CPU: 1).")] = None,
@@ -131,8 +140,13 @@ def attention(
 
     list_if_asked(impl=impl)
 
-    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)  # before torch is imported
+    check_render_options(format, output, device=device, quiet=quiet)  # before torch is imported
     check_output_path(plot, what="--plot")
+    from lmsys.core.devices import DTYPE_CHOICES
+    from lmsys.core.parsing import choose, parse_list
+
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
+        if dtype is not None else [None]
     from lmsys.bench import attention  # torch-free until it runs
 
     for text in policy or ():
@@ -140,29 +154,33 @@ def attention(
 
     from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
-    from lmsys.core.parsing import parse_int_list, parse_list
+    from lmsys.core.parsing import parse_int_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
     if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
         require_triton("flash-triton")
-    sweep, notes = attention.resolve_sweep(
-        device=dev, preset=preset, impls=parse_list(impl, str, what="--impl") if impl else None,
-        batch=parse_int_list(batch, what="--batch-size") or None, heads=parse_int_list(heads, what="--heads") or None,
-        d_head=parse_int_list(d_head, what="--d-head") or None,
-        seq_len=parse_int_list(seq_len, what="--context-length") or None,
-        dtype=dtype, causal=causal, warmup=warmup, steps=steps, kv_heads=kv_heads, policies=policy,
-        adapters=adapters,
-    )
+    sizes = dict(impls=parse_list(impl, str, what="--impl") if impl else None,
+                 batch=parse_int_list(batch, what="--batch-size") or None,
+                 heads=parse_int_list(heads, what="--heads") or None,
+                 d_head=parse_int_list(d_head, what="--d-head") or None,
+                 seq_len=parse_int_list(seq_len, what="--context-length") or None)
+    resolved = [attention.resolve_sweep(device=dev, preset=preset, dtype=one, causal=causal, warmup=warmup,
+                                        steps=steps, kv_heads=kv_heads, policies=policy, adapters=adapters, **sizes)
+                for one in dtypes]
+    sweeps = [sweep for sweep, _ in resolved]
+    sweep, notes = resolved[0]  # the notes say what was chosen, the same for every dtype
     for note in notes:  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
         typer.echo(note, err=True)
-    rows = list(track(attention.run_attention(sweep, device=dev), total=sweep.size, description="bench attention"))
+    rows = list(track(attention.run_sweeps(sweeps, device=dev), total=sum(s.size for s in sweeps),
+                      description="bench attention"))
     meta = environment(dev)
-    meta["run"] = sweep.describe()
+    meta["run"] = attention.describe_sweeps(sweeps)
     notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
     notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
                  "(inputs, saved tensors, output), peak during the backward.")
     report = Report("bench attention", rows, meta, notes)
     if plot is not None:
-        attention.plot_attention(rows, plot, title=f"attention fwd+bwd, {sweep.describe().split(', warmup')[0]}")
+        title = f"attention fwd+bwd, {attention.describe_sweeps(sweeps).split(', warmup')[0]}"
+        attention.plot_attention(rows, plot, title=title)
         notes.append(f"Plot written to {plot}.")
     emit(report, format, output)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmsys.commands._common import (DtypeOpt, FormatOpt, OutputOpt, QuietOpt, check_counts, check_render_options, emit,
+from lmsys.commands._common import (FormatOpt, OutputOpt, QuietOpt, check_counts, check_render_options, emit,
                                     run_on_ranks)
 
 app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter, broadcast and send-recv bandwidth over gloo or NCCL.",
@@ -15,6 +15,7 @@ app = typer.Typer(help="Collectives: all-reduce, all-gather, reduce-scatter, bro
 BackendOpt = Annotated[Optional[str], typer.Option(help="gloo | nccl (default: nccl when a GPU is visible, else gloo).")]
 WorldSizeOpt = Annotated[Optional[str], typer.Option(help="Process counts, comma-separated (e.g. 2,4,6); one torchrun job each. Default 2 (under torchrun: its WORLD_SIZE).")]
 SizesOpt = Annotated[str, typer.Option(help="Message sizes (the full buffer), comma-separated; 1MB = 10^6 bytes, 1MiB = 2^20; a whole number of --dtype elements.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16, comma-separated: every size once per dtype (one row each).")]
 WarmupOpt = Annotated[int, typer.Option(help="Untimed rounds per size.")]
 StepsOpt = Annotated[int, typer.Option("--steps", "--iters", help="Timed rounds per size.")]
 BareLoopOpt = Annotated[bool, typer.Option("--bare-loop", metavar="", help="Also time a bare torch.distributed loop (back-to-back collectives) per size: a `bare loop` row.")]
@@ -28,13 +29,17 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     """Validate the shared options (before torch is imported), run `bench.comm.collective_job` per world
     size, render (rank 0)."""
     from lmsys.core.errors import LmsysError
-    from lmsys.core.parsing import check_message_sizes, parse_bytes, parse_int_list, parse_list
+    from lmsys.core.parsing import check_message_sizes, choose, parse_bytes, parse_int_list, parse_list
 
-    check_render_options(format, output, device=device, dtype=dtype, quiet=quiet)
+    from lmsys.core.devices import DTYPE_CHOICES
+
+    check_render_options(format, output, device=device, quiet=quiet)
     check_counts(warmup=(warmup, 0), steps=(iters, 1))
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")]
     labels = parse_list(sizes, str, what="--sizes")
     nbytes = [parse_bytes(label, what="--sizes") for label in labels]
-    check_message_sizes(labels, nbytes, dtype)
+    for one in dtypes:
+        check_message_sizes(labels, nbytes, one)
     requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
     if collective == "send-recv" and (odd := [n for n in requested or (2,) if n % 2]):
         raise LmsysError(f"--world-size: send-recv pairs ranks 0-1, 2-3, ..., so every world size must be even, "
@@ -59,14 +64,14 @@ def measure(collective: str, *, backend, world_size, sizes, dtype, warmup, iters
     rows, meta = [], {}
     for n in world_sizes:
         result = run_on_ranks("lmsys.bench.comm:collective_job",
-                              dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtype, warmup=warmup,
+                              dict(collective=collective, sizes=nbytes, labels=labels, dtype=dtypes, warmup=warmup,
                                    iters=iters, baseline=baseline), world_size=n, backend=backend,
                               description=f"comm {collective}")
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return
         rows += result["rows"]
         meta = meta or result["meta"]
-    meta["run"] = (f"{backend}, {dtype}, warmup {warmup}, steps {iters}; per round: barrier, a one-element "
+    meta["run"] = (f"{backend}, {','.join(dtypes)}, warmup {warmup}, steps {iters}; per round: barrier, a one-element "
                    f"all-reduce, {collective}, max over ranks")
     title = "comm allreduce" if collective == "all-reduce" else f"comm {collective}"  # the command's name
     emit(Report(title, rows, meta, collective_notes(collective, baseline=baseline)), format, output)

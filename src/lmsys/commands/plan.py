@@ -15,15 +15,15 @@ app = typer.Typer(help="Plan a training run: memory and step time per mesh, cali
 
 @app.command("train")
 def train(
-    size: Annotated[str, typer.Option(help="A preset (tiny, small, medium, large, xl, 2.7b, 10b; gpt-22b, gpt-175b, gpt-530b, gpt-1t), an lmsys .yaml, or a Llama-style .yaml/.json (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings).")] = "small",
+    size: Annotated[str, typer.Option(help="One model: a preset (tiny, small, medium, large, xl, 2.7b, 10b; gpt-22b, gpt-175b, gpt-530b, gpt-1t), an lmsys .yaml, or a Llama-style .yaml/.json (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings).")] = "small",
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the run (default 1, or the cluster file's).")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default 8, or the cluster file's).")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="The GPU: a table name (A100 40GB SXM, A100 80GB SXM, H100 SXM, H100 PCIe, H200 SXM, B200, ...) or torch's device name.")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="A YAML file: gpu (a name, or a mapping of its figures), gpus, gpus_per_node, and any figure to override (network_GBps, hbm_GB, ...).")] = None,
     global_batch_tokens: Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Tokens per optimizer step (a whole number of sequences).")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per optimizer step (default: one per GPU).")] = None,
-    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length (default: the model's).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")] = "bf16",
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length, one value (default: the model's).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per plan).")] = "bf16",
     master_weights: Annotated[bool, typer.Option("--master-weights/--no-master-weights", metavar="", help="bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
     mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full).")] = None,
     top: Annotated[int, typer.Option("--top", help="Show the K fastest layouts that fit.")] = 10,
@@ -67,9 +67,9 @@ def train(
 
 @app.command("calibrate")
 def calibrate(
-    size: Annotated[str, typer.Option(help="The model whose GEMM and attention shapes are timed (a preset or .yaml, as plan train).")] = "tiny",
+    size: Annotated[str, typer.Option(help="The one model whose GEMM and attention shapes are timed (a preset or .yaml, as plan train).")] = "tiny",
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list of fp32, bf16, fp16 (default: fp32 on a CPU, fp32,bf16 on a GPU).")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per timed matmul and attention call.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per timed matmul and attention call (one value).")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed calls first.")] = 2,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed calls (the median is kept).")] = 5,
     profile: Annotated[Path, typer.Option("--profile", help="Write the profile here (.yaml or .json).")] = Path("lmsys-profile.yaml"),
@@ -100,7 +100,10 @@ def calibrate(
     dtypes = dtypes or (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
     for d in dtypes:
         check_dtype_for_device(d, dev)
-    prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
+    from lmsys.core import progress
+
+    with progress.display("plan calibrate"):
+        prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
     save_profile(prof, profile)
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
     if "busbw" not in prof:
@@ -118,7 +121,7 @@ def validate(
     size: Annotated[Optional[str], typer.Option(help="bench e2e rows: presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list, for every row (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's and parallel train's policies; block = full recomputation).")] = "none,block",
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step (bench e2e rows); per micro-batch per data-parallel rank (parallel train rows).")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step (bench e2e rows); per micro-batch per data-parallel rank (parallel train rows); one value.")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
     steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps.")] = 3,
     mesh: Annotated[Optional[List[str]], typer.Option(help="parallel train rows: mesh degrees, e.g. dp=2,tp=2,pp=1 (missing dims are 1; each mesh runs on as many processes as its degrees multiply to). Repeat for more; `none` leaves the distributed rows out. Default: per world size n, dp=n, tp=n and pp=n (and dp=2,tp=n/2 from 4); one GPU: dp=1,tp=1,pp=1.")] = None,

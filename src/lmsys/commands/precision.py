@@ -31,8 +31,12 @@ def precision(
     from lmsys.bench.precision import accumulation_experiment, autocast_walkthrough
     from lmsys.core.devices import environment, resolve_device
     from lmsys.core.results import Report
+    from lmsys.core import progress
+
     dev = resolve_device(device)
     walk = Report("autocast: dtype of each tensor (toy model fc1 → ReLU → LayerNorm → fc2)",
                   autocast_walkthrough(dev, ["fp16", "bf16"]), environment(dev))
-    acc = Report(f"accumulating 0.01 {steps} times (exact: {0.01 * steps:g})", accumulation_experiment(steps))
+    with progress.display("precision: accumulation"):
+        rows = accumulation_experiment(steps)
+    acc = Report(f"accumulating 0.01 {steps} times (exact: {0.01 * steps:g})", rows)
     emit([walk, acc], format, output)

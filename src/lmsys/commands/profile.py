@@ -17,7 +17,7 @@ SizeOpt = Annotated[Optional[str], typer.Option("--size", help=(
     "One preset (tiny, small, medium, large, xl, 2.7b, 10b) or a .yaml config, not a comma list: a profile "
     "looks at one configuration at a time. Default: small on a GPU, tiny on a CPU."))]
 ONE_AT_A_TIME = "a profile looks at one configuration at a time"
-BatchOpt = Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step (one value: a profile looks at one configuration at a time).")]
 NsysOutDirOpt = Annotated[Path, typer.Option("--out-dir", help=(
     "Where the files go: with --engine nsys the .nsys-rep, the `nsys stats` CSVs, the nsys log and the step's "
     "spec/result JSON; with --engine torch the Chrome trace (.trace.json)."))]
@@ -75,7 +75,7 @@ def nsys(
     command: Annotated[Optional[List[str]], typer.Argument(
         help="Profile this command instead of the training step: put it after --.", show_default=False)] = None,
     size: SizeOpt = None,
-    context_length: Annotated[int, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch.")] = 512,
+    context_length: Annotated[int, typer.Option("--context-length", "--seq-len", help="Sequence length of the batch (one value: a profile looks at one configuration at a time).")] = 512,
     batch_size: BatchOpt = 4,
     dtype: DtypeOpt = "fp32",
     mode: Annotated[str, typer.Option(help="fwd | fwd-bwd | train.")] = "train",

@@ -121,6 +121,16 @@ def atomic_output(path: str | os.PathLike, *, what: str = "--output") -> Iterato
             pass
 
 
+def save_figure(fig, path: str | os.PathLike, *, what: str = "--plot", dpi: int | None = None) -> None:
+    """`fig.savefig` to `path` as atomic_output says, in the format its extension names (.png, .pdf, .svg,
+    ...), else PNG. The format is always passed: matplotlib would append .png to a name without an
+    extension (`--plot /dev/full` wrote /dev/full.png) and read the temporary name's tail as one."""
+    suffix = Path(os.fspath(path)).suffix.lower().lstrip(".")
+    fmt = suffix if suffix in fig.canvas.get_supported_filetypes() else "png"
+    with atomic_output(path, what=what) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi if dpi is not None else "figure")
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, what: str = "--output") -> None:
     """Write `data` to `path` as atomic_output says (whole or not at all; devices and pipes directly)."""
     with atomic_output(path, what=what) as out:

@@ -41,12 +41,13 @@ def parse_list(text: str | list[str] | None, convert: Callable[[str], T], *, wha
     twice = sorted({item for item in items if items.count(item) > 1})
     if twice:
         raise LmsysError(f"{what}: {', '.join(twice)} given twice; each value runs once, so give it once")
+    expected = {int: "not a whole number", float: "not a number"}.get(convert)  # Python's words say less
     out = []
     for item in items:
         try:
             out.append(convert(item))
         except (ValueError, LmsysError) as exc:
-            raise LmsysError(f"{what}: cannot parse {item!r} ({exc})") from None
+            raise LmsysError(f"{what}: cannot parse {item!r} ({expected or exc})") from None
     return out
 
 

@@ -51,7 +51,7 @@ class Display:
         self.description = description
 
     def apply(self, kind: str, value: str = "") -> None:
-        """One progress event: rows N | row LABEL | steps N LABEL | step."""
+        """One progress event: rows N | row LABEL | steps N LABEL | step [N]."""
         p = self.progress
         if kind == "rows":
             p.update(self.rows, total=int(value))
@@ -64,7 +64,7 @@ class Display:
             total, _, label = value.partition(" ")
             p.update(self.steps, total=int(total), completed=0, visible=True, description=f"  {label or 'steps'}")
         elif kind == "step":
-            p.advance(self.steps)
+            p.advance(self.steps, int(value or 1))
 
 
 def _emit(kind: str, value: str = "") -> None:
@@ -93,8 +93,9 @@ def plan_steps(total: int, label: str = "steps") -> None:
     _emit("steps", f"{int(total)} {' '.join(label.split())}")
 
 
-def step() -> None:
-    _emit("step")
+def step(count: int = 1) -> None:
+    """`count` more steps of the running loop done (a tight loop says so every few thousand)."""
+    _emit("step", str(int(count)) if count != 1 else "")
 
 
 @contextmanager
@@ -120,6 +121,35 @@ def rows(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
             if shown_ is not None:
                 shown_.progress.advance(shown_.rows)
                 shown_.progress.update(shown_.steps, visible=False)
+
+
+@contextmanager
+def relayed() -> Iterator[dict[str, str]]:
+    """For a child process that is not a torchrun job (the step under nsys): yields the variables to add to
+    its environment, and while the block runs a thread reads the child's progress lines into the display.
+    Without a display: {} and nothing read. The file lives in a temporary folder, removed at the end."""
+    if _display is None:
+        yield {}
+        return
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryDirectory(prefix="lmsys-progress-") as folder:
+        relay = Relay(Path(folder))
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.wait(0.2):
+                relay.poll()
+
+        reader = threading.Thread(target=read, name="lmsys-progress", daemon=True)
+        reader.start()
+        try:
+            yield relay.env()
+        finally:
+            stop.set()
+            reader.join()
+            relay.poll()
 
 
 class Relay:

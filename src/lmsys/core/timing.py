@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from lmsys.core import progress
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -98,11 +100,14 @@ def time_fn(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu") 
     """Run `fn` `warmup` times unrecorded, then time `steps` calls one by one (plan calibrate's rates)."""
     if steps < 1:
         raise ValueError("steps must be >= 1")
+    progress.plan_steps(warmup + steps)
     for _ in range(warmup):
         fn()
+        progress.step()
     synchronize(device)
     timer = RegionTimer(device)
     for _ in range(steps):
         with timer.region("fn"):
             fn()
+        progress.step()
     return Stats(tuple(timer.samples("fn")))

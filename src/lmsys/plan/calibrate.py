@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB
+from lmsys.core import progress
 from lmsys.core.timing import time_fn
 from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape
@@ -49,10 +50,12 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     rows: list[dict] = []
     profile: dict = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}}
     tokens = batch_size * m.seq
+    progress.plan_rows(len(dtypes) * (len(gemm_shapes(m, tokens=tokens)) + 2) + 3)  # + all-reduce when measured
     for dtype in dtypes:
         dt = torch_dtype(dtype)
         total_flops = total_ms = 0.0
         for name, M, K, N in gemm_shapes(m, tokens=tokens):
+            progress.start_row(f"matmul {name} {dtype}")
             a = torch.randn(M, K, device=device, dtype=dt)
             b = torch.randn(K, N, device=device, dtype=dt)
             ms = time_fn(lambda: a @ b, warmup=warmup, steps=steps, device=device).median
@@ -61,11 +64,13 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
             rows.append({"what": f"matmul {name}", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}",
                          "ms": ms, "TFLOP/s": flops / (ms * 1e-3) / 1e12})
         profile["matmul_tflops"][dtype] = total_flops / (total_ms * 1e-3) / 1e12
+        progress.start_row(f"attention {dtype}")
         ms, flops, label = _attention(m, device=device, dt=dt, batch=batch_size, warmup=warmup, steps=steps)
         profile["attention_tflops"][dtype] = flops / (ms * 1e-3) / 1e12
         rows.append({"what": f"attention {label} fwd+bwd", "dtype": dtype,
                      "shape": f"b{batch_size} h{m.heads} s{m.seq} d{m.d_head}", "ms": ms,
                      "TFLOP/s": profile["attention_tflops"][dtype]})
+    progress.start_row("memory copy")
     numel = (256 if device.type == "cuda" else 32) * MiB // 4
     x = torch.empty(numel, device=device, dtype=torch.float32).normal_()
     y = torch.empty_like(x)
@@ -74,6 +79,7 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     rows.append({"what": "memory copy", "dtype": "fp32", "shape": f"{x.numel() * 4 // MiB} MiB", "ms": ms,
                  "GB/s": profile["hbm_GBps"]})
     del x, y
+    progress.start_row("elementwise multiply")
     n = tokens * m.d_ff
     a, b, c = (torch.randn(n, device=device) for _ in range(3))
     ms = time_fn(lambda: torch.mul(a, b, out=c), warmup=warmup, steps=steps, device=device).median
@@ -81,6 +87,7 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     rows.append({"what": "elementwise multiply", "dtype": "fp32", "shape": f"{tokens}×{m.d_ff}", "ms": ms,
                  "GB/s": profile["elementwise_GBps"]})
     del a, b, c
+    progress.start_row("AdamW step")
     ms, numel = _optimizer(device, warmup=warmup, steps=steps)
     profile["optimizer_GBps"] = numel * optimizer_bytes(PRECISIONS["fp32"]) / (ms * 1e-3) / 1e9
     rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
@@ -90,6 +97,7 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
         profile["threads"] = torch.get_num_threads()
     profile["launch_us"], profile["ops"] = {}, {}
     for dtype in dtypes:
+        progress.start_row(f"host {dtype}")
         us, ops, total = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
         profile["launch_us"][dtype], profile["ops"][dtype] = us, ops
         rows.append({"what": "host, per dispatched op", "dtype": dtype, "shape": f"{total} ops a tiny step",

@@ -21,18 +21,15 @@ REQUIRED = ("device", "matmul_tflops", "attention_tflops", "hbm_GBps")
 
 
 def save_profile(profile: dict, path: str | Path) -> None:
-    """Write whole (a temporary file, then a rename): JSON for .json, YAML otherwise."""
-    import os
-    import tempfile
-
+    """Write whole, as every lmsys output (core.files: a link written through, a device directly, a failed
+    write one line): JSON for .json, YAML otherwise."""
     import yaml
+
+    from lmsys.core.files import write_atomic
 
     path = Path(path)
     text = json.dumps(profile, indent=2) if path.suffix == ".json" else yaml.safe_dump(profile, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, what="--profile")
 
 
 def load_profile(path: str | Path) -> dict:

@@ -269,5 +269,7 @@ def plot_plans(plans: list[Plan], path, *, title: str) -> None:
         ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from lmsys.core.files import save_figure
+
+    save_figure(fig, path, what="--plot", dpi=120)  # whole or not at all; a link or a device written through
     plt.close(fig)

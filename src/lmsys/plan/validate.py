@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from lmsys.core import progress
 from lmsys.core.errors import LmsysError
 
 DP_ZERO = {"bucketed": 0, "fsdp": 2}  # parallel train's lmsys dp strategies -> the planner's ZeRO stage
@@ -118,10 +119,12 @@ def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
     from lmsys.plan.shape import from_model_config
 
     rows: list[dict] = []
+    progress.plan_rows(len(dtypes) * len(sizes))
     for dtype in dtypes:
         options = plain_step_options(device, dtype)
         attn_impl = options.pop("attn_impl")
         for size in sizes:
+            progress.start_row(f"{size} {dtype}")
             seq = context_length or get_config(size).context_length
             (name, cfg), = resolve_configs([size], context_length=seq, attn_impl=attn_impl)
             workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,

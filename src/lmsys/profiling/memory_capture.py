@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmsys.core import progress
 from lmsys.core.errors import LmsysError
 from lmsys.profiling.phases import BWD_STEP, FWD_STEP, OPTIM_STEP, PROFILER_NAMES
 
@@ -108,8 +109,10 @@ def capture(workload, device, *, mode: str, steps: int, max_entries: int = DEFAU
         try:
             step = build_train_step(workload, device)
             inputs, targets = random_batch(workload, device)
+            progress.plan_steps(steps, "recorded steps")
             for _ in range(steps):
                 run_step(step, inputs, targets, mode=mode, range_fn=phase_range, names=PROFILER_NAMES)
+                progress.step()
             boundary(END)
         except Exception as exc:  # noqa: BLE001 - an OOM is a result here; anything else is re-raised
             if not is_oom(exc):

@@ -54,9 +54,8 @@ def render_png(timeline: Timeline, path: Path, *, title: str) -> Path:
         ax.legend(handles=handles, loc="upper left", fontsize=8, ncol=len(handles), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    from lmsys.core.files import atomic_output
+    from lmsys.core.files import save_figure
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(path, what="--out-dir") as tmp:  # whole or not at all; the extension tells savefig PNG
-        fig.savefig(tmp)
+    save_figure(fig, path, what="--out-dir")  # whole or not at all
     return path

@@ -441,8 +441,9 @@ def _child_env() -> dict:
 
 
 def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str, extra: list[str],
-             capture_profiler_api: bool, windowed: tuple[str, ...], result_file: Path | None) -> TimeProfile:
-    """nsys writes the report and the stats CSVs under a hidden temporary name beside their final names;
+             capture_profiler_api: bool, windowed: tuple[str, ...], result_file: Path | None,
+             env: dict | None = None) -> TimeProfile:
+    """`env`: variables added to the profiled process's environment. nsys writes the report and the stats CSVs under a hidden temporary name beside their final names;
     they are renamed only when all are complete, so an interrupt or a failure leaves nothing (and an older
     complete report stays as it was) at the final paths."""
     check_importer(nsys)
@@ -456,7 +457,7 @@ def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str,
                               extra=extra)
         n_app = len(app)
         cmd = drop_unsupported(cmd[:-n_app], supported_flags(nsys)) + cmd[-n_app:]
-        run = run_profile(cmd, output=output, env=_child_env(), log=log)
+        run = run_profile(cmd, output=output, env={**_child_env(), **(env or {})}, log=log)
         if result_file is not None:
             import json
 
@@ -515,8 +516,11 @@ def profile_e2e(nsys: str, *, config, batch_size: int, dtype: str, mode: str, wa
             "warmup": warmup, "steps": steps, "device": device, "result": str(result_file)}
     write_atomic(spec_file, json.dumps(spec, indent=2), what="--out-dir")
     app = [sys.executable, "-m", "lmsys.profiling.nsys_target", str(spec_file)]
-    profile = _profile(nsys, app, out_dir=out_dir, name=name, trace=trace, extra=list(extra or []),
-                       capture_profiler_api=True, windowed=STEP_RANGES, result_file=result_file)
+    from lmsys.core import progress
+
+    with progress.relayed() as env:  # the target's steps, in this process's progress display
+        profile = _profile(nsys, app, out_dir=out_dir, name=name, trace=trace, extra=list(extra or []),
+                           capture_profiler_api=True, windowed=STEP_RANGES, result_file=result_file, env=env)
     profile.files["spec"] = str(spec_file)
     return profile
 

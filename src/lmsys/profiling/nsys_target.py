@@ -17,6 +17,7 @@ from pathlib import Path
 def run(spec: dict) -> None:
     import torch
 
+    from lmsys.core import progress
     from lmsys.train import Workload, build_train_step, random_batch, run_step
     from lmsys.core.devices import resolve_device
     from lmsys.core.timing import synchronize
@@ -31,15 +32,18 @@ def run(spec: dict) -> None:
     mode = spec["mode"]
 
     cuda = device.type == "cuda"  # (a CPU run does the same steps with no capture: for tests)
+    progress.plan_steps(spec["warmup"] + spec["steps"])  # to LMSYS_PROGRESS_FILE: the parent's display shows it
     for _ in range(spec["warmup"]):  # before the capture window; marked WARMUP for whole-run captures
         run_step(step, inputs, targets, mode=mode, range_fn=lambda _phase: nvtx.nvtx_range(WARMUP),
                  names=PROFILER_NAMES)
+        progress.step()
     synchronize(device)
     if cuda:
         torch.cuda.profiler.start()  # cudaProfilerStart: nsys starts recording here
     for _ in range(spec["steps"]):
         run_step(step, inputs, targets, mode=mode, range_fn=lambda name: nvtx.nvtx_range(name, synchronize=True),
                  names=PROFILER_NAMES)
+        progress.step()
     synchronize(device)
     if cuda:
         torch.cuda.profiler.stop()  # cudaProfilerStop: and stops here
