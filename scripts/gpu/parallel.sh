@@ -4,6 +4,7 @@
 #   degenerate  one GPU: parallel train on the mesh dp=1,tp=1,pp=1 beside bench e2e on the same model and
 #               numerics (xl bf16, batch 4 x 512, --fast off): the step times within 5 % (issue 29);
 #               REPS=N repeats the pair
+#   degenerate-nsys  the same pair under nsys (kernel and CUDA API summaries as CSV: what differs)
 #   plan        one GPU: plan calibrate (xl's GEMM shapes, fp32 and bf16), then plan validate over
 #               small..2.7b (PLAN_SIZES), fp32 and bf16, with and without checkpointing (issue 30: within 10 %)
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
@@ -25,6 +26,16 @@ if part degenerate; then
   for i in $(seq "${REPS:-1}"); do
     T=120 run degenerate.md parallel train --mesh dp=1,tp=1,pp=1 --microbatches 1 --world-size 1 --backend nccl $XL
     T=90 run degenerate.md bench e2e --device cuda $XL
+  done
+fi
+if part degenerate-nsys; then  # the same pair under nsys: kernels (with instance counts) and CUDA API calls
+  NSYS=${NSYS:-$(ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)}
+  for what in "parallel train --mesh dp=1,tp=1,pp=1 --microbatches 1 --world-size 1 --backend nccl" "bench e2e --device cuda"; do
+    name=${what%% *}
+    T=150 X "$NSYS" profile -t cuda,nvtx -f true -o "$OUT/$name" python3 -m lmsys $what $XL -f md
+    T=90 X "$NSYS" stats --report cuda_gpu_kern_sum --report cuda_api_sum --format csv --force-export true \
+      -o "$OUT/$name" "$OUT/$name.nsys-rep" > /dev/null
+    rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
   done
 fi
 if part plan; then
