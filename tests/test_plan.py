@@ -177,6 +177,54 @@ def test_pipeline_in_flight_microbatches():
         assert first.parts["layers"] == pytest.approx(layers * per_layer), schedule
 
 
+def test_autocast_weight_copies_per_microbatch_in_flight():
+    # By hand, SMALL: block matmuls 576 per block, 2 blocks -> 1152; head 100·8 = 800 (the embedding and norms
+    # are not cast) -> 1952 weights autocast casts to 2 bytes; fp32 weights cast nothing.
+    bf16, fp32 = mem.PRECISIONS["autocast"], mem.PRECISIONS["fp32"]
+    gpipe = mem.Layout(schedule="gpipe", microbatches=4)  # pp = 1: every forward before the first backward
+    seq = mem.Layout(microbatches=4)  # gradient accumulation (parallel train's 1f1b at pp = 1, bench e2e)
+    got = {(name, p.name): mem.memory(SMALL, lay, p, capacity=80e9) for name, lay in (("gpipe", gpipe), ("seq", seq))
+           for p in (bf16, fp32)}
+    assert got["gpipe", "autocast"].parts["autocast weight copies"] == 4 * 1952 * 2
+    assert got["seq", "autocast"].parts["autocast weight copies"] == 1952 * 2
+    assert got["gpipe", "fp32"].parts["autocast weight copies"] == got["seq", "fp32"].parts["autocast weight copies"] == 0
+    one = mem.memory(SMALL, mem.Layout(micro_batch=4), bf16, capacity=80e9)  # bench e2e: one micro-batch of 4
+    assert one.parts["autocast weight copies"] == 1952 * 2
+    # the activations of GPipe's four micro-batches, the head's (logits) included, are held together
+    for p in ("autocast", "fp32"):
+        assert got["gpipe", p].parts["layers"] == 4 * got["seq", p].parts["layers"]
+        assert got["gpipe", p].parts["embedding and head"] == 4 * got["seq", p].parts["embedding and head"]
+        assert got["gpipe", p].activations - got["seq", p].activations == pytest.approx(
+            3 * (got["seq", p].parts["layers"] + got["seq", p].parts["embedding and head"])
+            + 3 * got["seq", p].parts["autocast weight copies"])
+    # full recomputation saves no block's copy: the blocks' live in autocast's cache through one forward,
+    # the head's are saved per micro-batch
+    full = mem.memory(SMALL, replace(gpipe, checkpoint="full"), bf16, capacity=80e9)
+    assert full.parts["autocast weight copies"] == 1152 * 2 + 4 * 800 * 2
+    # 1F1B on 2 stages, 4 micro-batches: the first stage holds 2 micro-batches' copies of its block, the last 1
+    lay = mem.Layout(pp=2, schedule="1f1b", microbatches=4)
+    assert mem.autocast_copies(SMALL, lay, bf16, stage="first") == 2 * 576 * 2
+    assert mem.autocast_copies(SMALL, lay, bf16, stage="last") == (576 + 800) * 2
+    with pytest.raises(LmsysError, match="schedule '1f1b' with pp=1"):
+        mem.check_layout(SMALL, mem.Layout(schedule="1f1b"))
+
+
+def test_autocast_casts_in_the_time_model_by_hand():
+    # per micro-batch and block: forward read 4 + write 2 bytes per matmul weight (576), backward the
+    # gradient's read 2 + write 4; the head's 800 likewise; full recomputation casts the blocks again.
+    bf16 = mem.PRECISIONS["autocast"]
+    no_cast = replace(bf16, cast=0)
+    rates = _rates()  # 100 GB/s -> 1e8 bytes per ms
+    lay = mem.Layout(microbatches=3, checkpoint="full")
+    st, st0 = (ptime.step_time(SMALL, lay, p, rates, gpus_per_node=1) for p in (bf16, no_cast))
+    assert st.parts["autocast casts block ms"] == pytest.approx(12 * 576 / 1e8)
+    assert st0.parts["autocast casts block ms"] == 0
+    assert st.compute - st0.compute == pytest.approx(3 * (2 * 12 * 576 + 12 * 800) / 1e8)
+    assert st.recompute - st0.recompute == pytest.approx(3 * 2 * 6 * 576 / 1e8)
+    fp32 = ptime.step_time(SMALL, lay, mem.PRECISIONS["fp32"], rates, gpus_per_node=1)
+    assert fp32.parts["autocast casts block ms"] == 0
+
+
 def test_llama_yaml_and_lmsys_presets(tmp_path):
     f = tmp_path / "llama.yaml"
     f.write_text("vocab_size: 128256\nhidden_size: 4096\nintermediate_size: 14336\nnum_hidden_layers: 32\n"
@@ -629,6 +677,9 @@ def test_validate_layouts_and_default_meshes():
         checkpoint="full")
     assert val.layout(parse_mesh("tp=1"), replace(plan, dp_strategy="bucketed"), checkpoint="none") == mem.Layout(
         micro_batch=2, microbatches=4)
+    # pp = 1: parallel train's 1f1b runs the micro-batches in turn, its gpipe all forwards first
+    assert val.layout(parse_mesh("tp=1"), replace(plan, pp_schedule="1f1b"), checkpoint="none").schedule == "none"
+    assert val.layout(parse_mesh("tp=1"), replace(plan, pp_schedule="gpipe"), checkpoint="none").schedule == "gpipe"
     assert val.default_meshes(1) == ["dp=1,tp=1,pp=1"]
     assert val.default_meshes(2) == ["dp=2,tp=1,pp=1", "dp=1,tp=2,pp=1", "dp=1,tp=1,pp=2"]
     assert val.default_meshes(4)[-1] == "dp=2,tp=2,pp=1"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmsys.core.errors import LmsysError
-from lmsys.plan.shape import ModelShape, layer_params, norm_params
+from lmsys.plan.shape import ModelShape, layer_matmul_params, layer_params, norm_params
 
 GiB = 2**30
 SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")
@@ -41,7 +41,7 @@ class Precision:
     weight: int
     grad: int
     optimizer: int  # fp32 master copy (if any) + AdamW's two moments
-    cast: int  # low-precision weight copies autocast keeps from forward to backward
+    cast: int  # bytes per element of the low-precision weight copies autocast keeps from forward to backward
 
     @property
     def state(self) -> int:
@@ -106,9 +106,12 @@ def check_layout(m: ModelShape, lay: Layout) -> None:
         bad.append("sequence parallelism needs tp > 1")
     if lay.zero not in (0, 1, 2, 3):
         bad.append(f"ZeRO stage {lay.zero} is not 0, 1, 2 or 3")
-    if lay.schedule not in SCHEDULES or (lay.pp == 1) != (lay.schedule == "none"):
+    # pp = 1: 'none' runs each micro-batch's forward and backward in turn (gradient accumulation, 1F1B's
+    # order on one stage); 'gpipe' runs every forward before the first backward (parallel train's gpipe)
+    if lay.schedule not in SCHEDULES or (lay.pp > 1 and lay.schedule == "none") or \
+            (lay.pp == 1 and lay.schedule not in ("none", "gpipe")):
         bad.append(f"schedule {lay.schedule!r} with pp={lay.pp} (one of {', '.join(SCHEDULES[1:])} with pp > 1, "
-                   "none with pp = 1)")
+                   "none or gpipe with pp = 1)")
     if lay.checkpoint not in CHECKPOINTS:
         bad.append(f"checkpoint {lay.checkpoint!r} is not one of {', '.join(CHECKPOINTS)}")
     if lay.schedule == "interleaved" and lay.microbatches % lay.pp:
@@ -252,6 +255,28 @@ def stage_params(m: ModelShape, lay: Layout, *, first: bool, last: bool) -> floa
     return total
 
 
+def cast_params(m: ModelShape, lay: Layout, *, last: bool) -> tuple[float, float]:
+    """(block, head) parameters one GPU of a stage hands autocast to cast to the compute dtype: the
+    matmul weights (split by tp); the embedding is looked up and the norms run in fp32, uncast."""
+    return m.layers / lay.pp * layer_matmul_params(m) / lay.tp, (m.vocab * m.d_model / lay.tp if last else 0.0)
+
+
+def autocast_copies(m: ModelShape, lay: Layout, prec: Precision, *, stage: str) -> float:
+    """Bytes of the compute-dtype weight copies autocast makes of fp32 weights (`prec.cast` bytes each) that
+    are alive at the stage's peak. Autocast caches a leaf weight's cast within one autocast region (a
+    micro-batch's forward) and the matmul saves it for the backward: one copy of the stage's weights per
+    micro-batch whose backward is pending, the `in_flight` count of the activations (1 with sequential
+    accumulation, m with GPipe). Full recomputation saves no block's copy: the blocks' copies live in the
+    cache until the forward ends (one copy, of the micro-batch being run), the head's are saved per
+    micro-batch in flight. ZeRO-3: the shard's."""
+    if not prec.cast:
+        return 0.0
+    blocks, head = cast_params(m, lay, last=stage in ("last", "only"))
+    flight = in_flight(lay, stage="last" if stage == "last" else "first")
+    held = (blocks + flight * head) if lay.checkpoint == "full" else flight * (blocks + head)
+    return held * prec.cast / (lay.dp if lay.zero >= 3 else 1)
+
+
 def memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float) -> Memory:
     """The per-GPU breakdown of the fuller of the first and last pipeline stages."""
     check_layout(m, lay)
@@ -266,13 +291,13 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     weights = n * prec.weight / (dp if z >= 3 else 1)
     grads = n * prec.grad / (dp if z >= 2 else 1)
     optimizer = n * prec.optimizer / (dp if z >= 1 else 1)
-    cast = n * prec.cast / (dp if z >= 3 else 1)
+    cast = autocast_copies(m, lay, prec, stage=stage)
     s, b, h, t = m.seq, lay.micro_batch, m.d_model, lay.tp
     sp_split = t if lay.sp else 1
     layers = m.layers / lay.pp
     per_layer = layer_activation_bytes(m, lay, prec)
     flight = in_flight(lay, stage="last" if stage == "last" else "first")
-    parts = {"params": n, "cast copies": cast, "per layer": per_layer, "in flight": flight,
+    parts = {"params": n, "autocast weight copies": cast, "per layer": per_layer, "in flight": flight,
              "layers": layers * flight * per_layer}
     working = 0.0
     if lay.checkpoint == "full":  # the block being recomputed keeps everything until its backward is done
@@ -283,9 +308,9 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     extra = 0.0
     if first and m.dropout:
         extra += flight * s * b * h / sp_split  # embedding dropout mask, 1 byte
-    if last:
+    if last:  # per micro-batch in flight: 1 on a 1F1B last stage, m under GPipe (never recomputed)
         logit = m.logit_bytes or prec.act + 8  # logits, their fp32 copy for the loss, its gradient
-        extra += s * b * h * (prec.residual + prec.act) / sp_split + s * b * m.vocab / t * logit
+        extra += flight * (s * b * h * (prec.residual + prec.act) / sp_split + s * b * m.vocab / t * logit)
     parts["embedding and head"] = extra
     activations = parts["layers"] + working + extra + cast
     buffers = 0.0

@@ -7,7 +7,9 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   matmuls at it too when the s×s scores are materialized, at the attention rate inside a fused (flash)
   kernel, which computes only the causal half (backward 2.5× forward).
 - Elementwise ops (norms, activation, softmax, dropout, residual adds, RoPE) move the bytes `elementwise`
-  counts at the HBM rate; their backward moves twice the forward's bytes.
+  counts at the HBM rate; their backward moves twice the forward's bytes. Autocast over fp32 weights adds
+  its casts at that rate: per micro-batch each matmul weight read in fp32 and written in the compute dtype
+  (forward, and the recompute), its gradient read back and written in fp32 (backward).
 - Tensor parallelism is not overlapped (Megatron-LM): 4 all-reduces per block per micro-batch (2 forward,
   2 backward), as all-gather + reduce-scatter pairs with sequence parallelism (the same bytes). Pipeline
   sends (activations forward, gradients backward; 1/t of them with SP's scatter-gather) are exposed too.
@@ -242,8 +244,12 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     else:
         attn_fwd = attn / mm
         attn_bwd = 2 * attn_fwd
-    fwd = gemm / mm + attn_fwd + (outside + core) / ew
-    bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew
+    # autocast over fp32 weights: every micro-batch's forward casts each matmul weight (read fp32, write the
+    # compute dtype; again in a full recompute) and its backward casts the weight's gradient back up
+    cast_fwd = (prec.weight + prec.cast) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
+    cast_bwd = (prec.cast + prec.grad) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
+    fwd = gemm / mm + attn_fwd + (outside + core) / ew + cast_fwd
+    bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew + cast_bwd
     # what the backward runs again, once per block per micro-batch: the attention core's forward
     # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
     recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
@@ -265,7 +271,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     per_mb_recompute = layers * recompute
     per_mb_tp = layers * tp_block
     # the LM head and loss on the last stage, the embedding on the first
-    head = 3 * 2 * tokens * h * m.vocab / t / mm + 3 * 4 * tokens * m.vocab / t * 4 / ew
+    head = 3 * 2 * tokens * h * m.vocab / t / mm + 3 * 4 * tokens * m.vocab / t * 4 / ew \
+        + ((prec.weight + 2 * prec.cast + prec.grad) * m.vocab * h / t / ew if prec.cast else 0.0)
     embed = 3 * tokens * h * prec.act / ew
     if p == 1:
         extra = head + embed
@@ -314,7 +321,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     flops = flops_per_token(m) * s * lay.global_batch
     parts = {"fwd block ms": fwd, "bwd block ms": bwd, "tp per block ms": tp_block, "head ms": head,
              "stage ms per micro-batch": stage_mb, "host fwd ms": host_fwd, "host bwd ms": host_bwd,
-             "host optimizer ms": host_opt, "elementwise fwd block ms": (outside + core) / ew}
+             "host optimizer ms": host_opt, "elementwise fwd block ms": (outside + core) / ew,
+             "autocast casts block ms": cast_fwd + cast_bwd}
     return StepTime(compute, recompute_ms, tp_comm, pp_comm, dp_comm, bubble, optimizer, host, flops, parts)
 
 

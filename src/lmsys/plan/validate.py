@@ -247,7 +247,9 @@ def layout(spec, plan: MeshPlan, *, checkpoint: str):
     from lmsys.plan.memory import Layout
 
     pp = spec.pp
-    schedule = "none" if pp == 1 else PLANNER_SCHEDULE[plan.pp_schedule]
+    # pp = 1: parallel train's 1f1b runs each micro-batch's forward and backward in turn (the planner's
+    # 'none'); its gpipe runs every forward first, holding all the micro-batches at once
+    schedule = PLANNER_SCHEDULE[plan.pp_schedule] if pp > 1 or plan.pp_schedule == "gpipe" else "none"
     chunks = plan.virtual_stages if schedule == "interleaved" else 1
     return Layout(dp=spec.dp, tp=spec.tp, pp=pp, zero=DP_ZERO[plan.dp_strategy] if spec.dp > 1 else 0,
                   sp=plan.sequence_parallel and spec.tp > 1, schedule=schedule, chunks=chunks,
