@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from lmsys.core import progress
-from lmsys.core.devices import environment, peak_memory, reset_peak_memory, torch_dtype
+from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.results import NOT_MEASURED
 from lmsys.core.timing import RegionTimer, synchronize
@@ -127,6 +127,10 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
                            f"--impl torch row; lmsys rows run bucketed or fsdp")
     mesh = build_mesh(spec, device_type=ctx.device.type)
     coords = spec.coords(ctx.rank)
+    # what an earlier row left in reference cycles (checkpointed blocks' forward closures, torch's AdamW)
+    # is freed only by the cyclic collector: collected first, so this row's peak is its own (it was 864 MiB
+    # in plan validate's bf16 rows after the fp32 checkpointed one)
+    free_memory(ctx.device)
     reset_peak_memory(ctx.device)
     model = build_model(config, device=ctx.device, seed=seed)
     shapes = {name: p.shape for name, p in model.named_parameters()}
@@ -172,6 +176,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     dist.all_gather_object(facts, mine)
     full = pm.full_parameters(shapes)
     del pm, optimizer
+    free_memory(ctx.device)
     if not ctx.is_main:
         return {}
     busiest = max(facts, key=lambda f: f["busy"])
