@@ -68,7 +68,8 @@ def test_bench_attention_reports_the_steps_of_each_row(recorder):
 
 @pytest.mark.slow
 def test_plan_calibrate_and_validate_plan_their_rows_and_start_each(recorder):
-    from lmsys.plan.calibrate import calibrate, validate
+    from lmsys.plan.calibrate import calibrate
+    from lmsys.plan.validate import validate
     from lmsys.plan.shape import load_shape
 
     cpu = torch.device("cpu")
