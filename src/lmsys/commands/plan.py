@@ -128,7 +128,7 @@ def validate(
     world_size: Annotated[Optional[str], typer.Option(help="World sizes of the default meshes, comma list (default: 2 processes with gloo; with nccl 2, 4, 8 ... up to the GPUs visible, 1 on one GPU). With --mesh, each mesh's size must be one of them.")] = None,
     parallel_size: Annotated[Optional[str], typer.Option("--parallel-size", help="parallel train rows: one model preset or .yaml (default: tiny with gloo, small with nccl, as parallel train).")] = None,
     microbatches: Annotated[int, typer.Option(help="parallel train rows: micro-batches per step (of --batch-size sequences each).")] = 4,
-    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length of every row (default: each preset's own for bench e2e; 128 with gloo, 512 with nccl for parallel train, as parallel train).")] = None,
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length of every row, one value (default: each preset's own for bench e2e; 128 with gloo, 512 with nccl for parallel train, as parallel train).")] = None,
     dp_strategy: Annotated[str, typer.Option(help="parallel train rows: bucketed | fsdp (lmsys's DDP or FSDP over the dp dim).")] = "bucketed",
     pp_schedule: Annotated[str, typer.Option(help="parallel train rows: gpipe | 1f1b | interleaved-1f1b.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option(help="parallel train rows: chunks per pipeline rank (interleaved-1f1b).")] = 1,
