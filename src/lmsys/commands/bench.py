@@ -143,7 +143,7 @@ def attention(
     check_render_options(format, output, device=device, quiet=quiet)  # before torch is imported
     check_output_path(plot, what="--plot")
     from lmsys.core.devices import DTYPE_CHOICES
-    from lmsys.core.parsing import choose, parse_list
+    from lmsys.core.parsing import choose, parse_int_list, parse_list
 
     dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
         if dtype is not None else [None]
@@ -154,7 +154,6 @@ def attention(
 
     from lmsys.core.flops import ATTENTION_RATE_NOTE
     from lmsys.core.devices import environment, resolve_device
-    from lmsys.core.parsing import parse_int_list
     from lmsys.core.results import Report
     dev = resolve_device(device)
     if impl and "flash-triton" in parse_list(impl, str, what="--impl"):
