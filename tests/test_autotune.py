@@ -245,3 +245,62 @@ def test_candidates_compile_together_before_timing_and_only_then(timer, monkeypa
     assert len(events) == 2
     monkeypatch.setenv("LMSYS_TUNE_COMPILE_THREADS", "0")
     assert tuner.choose(("i",), [SLOW, FAST], _never, compile_one) is FAST and len(events) == 2
+
+
+@pytest.fixture
+def triton_key(monkeypatch, tmp_path):
+    """Triton's hash faked (counted calls) and restored after; an empty cache dir; persist_triton_key's
+    once-per-process memory cleared."""
+    import triton
+    import triton.runtime.cache as cache
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return f"{triton.__version__}-fake-hash"
+
+    monkeypatch.setenv("LMSYS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "triton_key", compute)
+    tuning.persist_triton_key.cache_clear()
+    yield calls
+    tuning.persist_triton_key.cache_clear()
+
+
+def test_triton_key_is_computed_once_then_read_from_disk(triton_key, monkeypatch):
+    import triton.runtime.cache as cache
+
+    tuning.persist_triton_key()
+    assert triton_key == [1] and cache.triton_key().endswith("-fake-hash")
+    files = list(tuning.cache_dir().glob("triton-key-*.txt"))
+    assert len(files) == 1 and files[0].read_text() == cache.triton_key()
+    # a new process: Triton's own function again, the file read instead of hashing
+    monkeypatch.setattr(cache, "triton_key", lambda: triton_key.append(1) or "never")
+    tuning.persist_triton_key.cache_clear()
+    tuning.persist_triton_key()
+    assert triton_key == [1] and cache.triton_key().endswith("-fake-hash")
+    # what Triton's compile path calls sees it
+    assert cache.get_cache_key.__globals__["triton_key"]() == cache.triton_key()
+
+
+@pytest.mark.parametrize("text", ["", "not-this-version"])
+def test_a_torn_or_foreign_triton_key_file_is_recomputed(triton_key, text, monkeypatch):
+    import triton.runtime.cache as cache
+
+    compute = cache.triton_key
+    tuning.persist_triton_key()
+    path = next(tuning.cache_dir().glob("triton-key-*.txt"))
+    path.write_text(text)
+    monkeypatch.setattr(cache, "triton_key", compute)  # a new process
+    tuning.persist_triton_key.cache_clear()
+    tuning.persist_triton_key()
+    assert len(triton_key) == 2 and path.read_text().endswith("-fake-hash")
+
+
+def test_an_unwritable_cache_dir_still_gives_triton_its_key(triton_key, monkeypatch, tmp_path):
+    import triton.runtime.cache as cache
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("LMSYS_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    tuning.persist_triton_key()
+    assert triton_key == [1] and cache.triton_key().endswith("-fake-hash")

@@ -1057,6 +1057,8 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
     inputs, strided views copied first from `policy.gluon_copy_min_keys` keys (TMA reads [rows, d] tiles:
     the copies cost less than the Gluon forward saves only there), and the one-launch backward where
     deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies."""
+    if not INTERPRET:  # Triton's per-process hash from disk before its first cache lookup (once)
+        tuning.persist_triton_key()
     gluon = _gluon() if policy.gluon else None
     n_k = k4.shape[2]
     if direction == "fwd":

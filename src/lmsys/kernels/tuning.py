@@ -7,7 +7,7 @@ live in memory and in one JSON file per stamp (the versions and kernel source th
 `cache_dir()`; a file that cannot be read or parsed is ignored, and files are replaced atomically
 (concurrent writers: the last one wins). Before timing, the candidates are compiled together on threads
 (`compile_together`: Triton's async compile mode) where the caller gives a way to compile one. Limits: the caller resets what a timed run accumulates into; no
-timing under CUDA graph capture.
+timing under CUDA graph capture. `persist_triton_key` keeps Triton's own per-process hash on disk too.
 """
 
 from __future__ import annotations
@@ -86,6 +86,56 @@ def compile_together(compiles: Sequence[Callable[[], None]]) -> None:
                     compile_one()
 
 
+@functools.cache
+def persist_triton_key() -> None:
+    """Before its first disk-cache lookup in a process, Triton hashes its sources and libtriton
+    (`triton.runtime.cache.triton_key`: 0.39 s on an H200 host, most of a warm-disk first call). Keep that
+    hash on disk under cache_dir(), keyed by Triton's version and the size and mtime of every file it
+    reads, and hand it to Triton the way Triton's own preload workers do (the module attribute
+    `get_cache_key` looks up). Once per process; nothing where Triton's layout is not that one, and the
+    hash computed as before where the file is missing, unreadable or of another key."""
+    try:
+        import triton
+        import triton.runtime.cache as cache
+    except ImportError:
+        return
+    compute = getattr(cache, "triton_key", None)
+    lookup = getattr(getattr(cache, "get_cache_key", None), "__code__", None)
+    if compute is None or lookup is None or "triton_key" not in lookup.co_names:
+        return
+    root = Path(triton.__file__).parent
+    files = [Path(cache.__file__), *sorted(p for d in ("compiler", "backends", "language") for p in (root / d).rglob("*.py")),
+             *sorted((root / "_C").glob("libtriton.*"))]
+    try:
+        facts = [triton.__version__, *((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))]
+    except OSError:
+        return
+    path = cache_dir() / f"triton-key-{hashlib.sha256(repr(facts).encode()).hexdigest()[:24]}.txt"
+    try:
+        key = path.read_text()
+    except OSError:
+        key = ""
+    if not key.startswith(triton.__version__):  # missing or torn: Triton's keys start with its version
+        key = compute()
+        with contextlib.suppress(OSError):
+            _replace(path, key)
+    cache.triton_key = functools.partial(str, key)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (a temporary file beside it, then os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 class Tuner:
     """Choices by key for one kernel family `name`; `stamp()` says what they hold for (versions, source)."""
 
@@ -135,16 +185,6 @@ class Tuner:
     def _write(self, text: str, value: dict) -> None:
         """Add one choice to the file (read again first: other processes' choices stay), atomically; a
         cache dir that cannot be written keeps the choice in memory only."""
-        path = self.path()
         entries = {**self._read(), text: value}
-        tmp = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"stamp": self._stamp(), "entries": entries}, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except OSError:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            _replace(self.path(), json.dumps({"stamp": self._stamp(), "entries": entries}, indent=1, sort_keys=True))
