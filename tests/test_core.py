@@ -171,3 +171,10 @@ def test_attention_flops_and_mfu():
     assert attention_flops(batch=1, heads=1, n_queries=2, n_keys=2, d_head=2, causal=False, direction="fwd+bwd") == 3.5 * 32
     assert mfu(1e12, 1000.0, 2.0) == pytest.approx(0.5)
     assert mfu(1e12, 1000.0, None) is None
+
+
+def test_markdown_escapes_pipes_in_headers_and_cells():
+    from lmsys.core.results import markdown_table
+
+    table = markdown_table(["size", "|Δloss|"], [["a|b", "1"]])
+    assert table.splitlines() == ["| size | \\|Δloss\\| |", "|---|---|", "| a\\|b | 1 |"]

@@ -436,3 +436,43 @@ def test_bf16_against_one_process_in_bf16():
         assert row["status"] == "ok", row
         assert row["|Δloss|"] < BF16_LOSS, row
         assert row["parity max|Δθ|"] < 2 * 1e-3 * 2, row  # AdamW's bound: 2·lr per step, 2 steps
+
+
+def worker_one_process(rank, world, store_path, out_path):
+    """parallel train's job on the degenerate mesh, whole: the one-process row, then the mesh's; and again
+    with the one-process run out of memory (its first build_model raises CUDA's OOM)."""
+    from lmsys.distributed import parallel_train
+
+    _init(rank, world, store_path)
+    ctx = _ctx(rank, world)
+    base = dict(impls=["lmsys"], dp_strategy="bucketed", sequence_parallel=False, pp_schedule="1f1b",
+                virtual_stages=1, microbatches=1, size="tiny", context_length=16, batch_size=4, dtype="fp32",
+                steps=2, warmup=1)
+    results = {"ok": parallel_train.parallel_job(ctx, meshes=["dp=1,tp=1,pp=1"], **base)}
+    real, calls = parallel_train.build_model, []
+
+    def oom_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, **kwargs)
+
+    parallel_train.build_model = oom_first
+    try:
+        results["oom"] = parallel_train.parallel_job(ctx, meshes=["dp=1,tp=1,pp=1"], **base)
+    finally:
+        parallel_train.build_model = real
+    gloo_world.finish(rank, results, out_path)
+
+
+def test_one_process_row_comes_first_and_each_mesh_says_its_speedup():
+    res = gloo_world.run_world(worker_one_process, 1)
+    (one,), (mesh,) = res["ok"]["baselines"], res["ok"]["rows"]
+    assert (one["impl"], one["status"]) == ("1 process", "ok") and one["ms/step"] > 0 and one["tokens/s"] > 0
+    assert one["params/rank"] == mesh["params/rank"]  # the whole model in both
+    assert one["loss"] == pytest.approx(mesh["loss"], abs=1e-6) and mesh["|Δloss|"] < 1e-6  # the same batches
+    assert mesh["× 1 process"] == pytest.approx(one["ms/step"] / mesh["ms/step"])
+    (one,), (mesh,) = res["oom"]["baselines"], res["oom"]["rows"]
+    assert one["status"].startswith("OOM") and one["ms/step"] is None
+    assert mesh["status"] == "ok" and mesh["× 1 process"] is None and mesh["parity max|Δθ|"] is None
+    assert any("1 process, batch 4: OOM" in note for note in res["oom"]["notes"])

@@ -13,8 +13,9 @@
 #                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS, autograd's first run
 #                and the modules a backward with a gradient imports are then paid by every impl alike, outside
 #                the timings
-#   profile      cProfile of the warm-disk process's first call (sdpa and flash-triton, d 64, the first of
-#                SEQS) -> $OUT/profile-IMPL.pstats and the top 40 by cumulative time in profile-IMPL.txt
+#   profile      cProfile of the warm-disk process's first call (PROFILE_PROCESS=cold: the cold one's; sdpa
+#                and flash-triton, d 64, the first of SEQS) -> $OUT/profile-IMPL.pstats and the top 40 by
+#                cumulative time in profile-IMPL.txt
 #   leaderboard  bench attention --preset leaderboard at d 64, 128 and 80, beside cuDNN, the default policy
 #                and the tl kernels: the tuner's picks must not make a kernel slower -> $OUT/leaderboard.md
 # On a CPU: TRITON_INTERPRET=1 DEVICE=cpu DTYPE=float32 DS=16 HEADS=2 SEQS="40 45" PARTS=probe (the tests do).
@@ -91,7 +92,7 @@ if part profile; then  # where a fresh process's first call goes: cProfile of th
   CACHES=$(mktemp -d); echo "$PROBE" > "$CACHES/probe.py"
   for impl in ${PROFILE_IMPLS:-sdpa flash-triton}; do
     for process in cold "warm disk"; do
-      prof=(); [ "$process" = cold ] || prof=(-m cProfile -o "$OUT/profile-$impl.pstats")
+      prof=(); [ "$process" = "${PROFILE_PROCESS:-warm disk}" ] && prof=(-m cProfile -o "$OUT/profile-$impl.pstats")
       TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" T=150 X python3 \
         "${prof[@]}" "$CACHES/probe.py" "$impl" 64 "$DTYPE" "$DEVICE" "$HEADS" "$process" "$WARMUP" ${SEQS%% *}
     done

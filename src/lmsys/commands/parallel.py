@@ -96,7 +96,10 @@ def train(
     notes = result.get("notes", []) + [
         "parity: loss and parameters against one process trained on the full global batch (AdamW, same seed); "
         "fp32 differs by rounding (summation order), amplified by AdamW's normalisation to ~1e-5.",
+        "1 process: that reference's own row (bench e2e's step on the full global batch, on rank 0's device, timed "
+        "as the meshes are); × 1 process: its ms/step over the row's (the degenerate mesh: 1.0 when it costs "
+        "nothing; n ranks on the same global batch: up to n).",
         "bubble %: idle (waiting on send/recv) over step time on the stage with the most compute; ideal: "
         "(p-1)/(m+p-1), ÷V interleaved.",
     ]
-    emit([Report("parallel train", result["rows"], meta, notes)], format, output)
+    emit([Report("parallel train", result.get("baselines", []) + result["rows"], meta, notes)], format, output)

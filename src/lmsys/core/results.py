@@ -139,7 +139,11 @@ def markdown_table(headers: list[str], cells: list[list[str]]) -> str:
     alignment: `_fmt` decides how a number reads, and the tables in the docs stay byte for byte."""
     from tabulate import tabulate
 
-    return tabulate(cells, headers=headers, tablefmt=_pipe_format(), disable_numparse=True, stralign=None, numalign=None)
+    def cell(text: str) -> str:  # a pipe inside a cell (`|Δloss|`) would end it: escaped, as GitHub reads it
+        return text.replace("|", "\\|")
+
+    return tabulate([[cell(c) for c in row] for row in cells], headers=[cell(h) for h in headers],
+                    tablefmt=_pipe_format(), disable_numparse=True, stralign=None, numalign=None)
 
 
 def to_markdown(report: Report) -> str:

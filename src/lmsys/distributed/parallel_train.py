@@ -3,13 +3,15 @@
 On every rank of the group, `parallel_job` runs, per mesh: build the full model from the seed,
 `parallelize` it (TP -> PP -> DP), train `warmup + steps` steps on this dp rank's slice of the global
 batches (`BatchSource` of `ddp train`), time the timed steps, then gather the shards on rank 0 and compare
-the loss and every parameter with one process trained on the full global batch (`reference_run`; not
-with `parity=False`, as `plan validate` runs it: timing only).
+the loss and every parameter with one process trained on the full global batch (`one_process_run`, on
+rank 0, timed as the meshes are: its row comes first and each mesh row says its speed-up over it, so the
+degenerate mesh dp = tp = pp = 1 is held against the plain step in the same process; not with
+`parity=False`, as `plan validate` runs it: timing only).
 
 Rows: impl, mesh, schedule, ms/step (median), tokens/s (all ranks), MFU, peak memory and parameters per
 rank (max over ranks), communication ms per mesh dim, bubble % (idle over step time on the busiest
 stage, median step) beside the ideal, activation MiB the schedule held (first step, max over ranks),
-|Δloss| and max|Δθ| against the reference. A step is timed as `bench e2e` times its own: the one timer,
+|Δloss| and max|Δθ| against the reference, × 1 process (its ms/step over the row's). A step is timed as `bench e2e` times its own: the one timer,
 nothing synchronised inside or between steps, the same AdamW (fused on a GPU), so the degenerate mesh
 dp = tp = pp = 1 runs bench e2e's step.
 """
@@ -34,11 +36,12 @@ from lmsys.distributed.train import BatchSource, _to, mfu_percent
 from lmsys.model import describe
 from lmsys.model.config import get_config
 from lmsys.train import TrainStep, build_model, run_step
+from lmsys.train.step import no_range
 from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
             "params/rank", "comm ms (tp)", "comm ms (pp)", "comm ms (dp)", "bubble %", "ideal bubble %",
-            "act MiB held", "loss", "|Δloss|", "parity max|Δθ|", "status")
+            "act MiB held", "loss", "|Δloss|", "parity max|Δθ|", "× 1 process", "status")
 COMM_DIMS = ("tp", "pp", "dp")
 
 
@@ -56,16 +59,21 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
                  seed: int = 0, parity: bool = True) -> dict:
     config = get_config(size).with_overrides(context_length=context_length)
     total = warmup + steps
-    references: dict[int, tuple] = {}  # global batch -> (final loss, parameters) on rank 0
-    rows, notes = [], []
-    progress.plan_rows(len(meshes) * len(impls))
+    references: dict[int, Optional[tuple]] = {}  # global batch -> (ms/step, losses, parameters) on rank 0
+    rows, baselines, notes = [], [], []
+    progress.plan_rows(len(meshes) * len(impls) + (len({batch_size * parse_mesh(m).dp for m in meshes}) if parity else 0))
     for text in meshes:
         spec = parse_mesh(text)
         global_batch = batch_size * spec.dp
         source = BatchSource(vocab_size=config.vocab_size, seq_len=context_length, global_batch=global_batch, seed=seed)
         if parity and ctx.is_main and global_batch not in references:  # parity=False: no one-process reference
-            references[global_batch] = reference_run(ctx, config, source, dtype=dtype, warmup=warmup, total=total,
-                                                     seed=seed)
+            progress.start_row(f"1 process, batch {global_batch}")
+            row, references[global_batch] = one_process_run(ctx, config, source, dtype=dtype, warmup=warmup,
+                                                            total=total, seed=seed)
+            baselines.append(row)
+            if references[global_batch] is None:
+                notes.append(f"1 process, batch {global_batch}: {row['status']}: parity and × 1 process are empty "
+                             "for the meshes on that batch (nothing to compare with).")
         barrier(ctx)
         for impl in impls:
             progress.start_row(f"{text} {impl}")
@@ -93,19 +101,52 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
                      "AdamW's step, 2·lr per step, as a near-zero gradient's sign may flip).")
     meta = environment(ctx.device)
     meta["model"] = f"{size}: {describe(config)}"
-    return {"rows": rows, "meta": meta, "notes": notes}
+    return {"rows": rows, "baselines": baselines, "meta": meta, "notes": notes}
 
 
-def reference_run(ctx, config, source, *, dtype, warmup, total, seed):
-    """(losses per step, parameters) of one process on the full global batch."""
+def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple[dict, Optional[tuple]]:
+    """One process on the full global batch, with bench e2e's step (TrainStep, run_step, the AdamW the mesh
+    rows use), timed as they are (the one timer, a "step" region per step from `warmup` on, nothing
+    synchronised inside or between steps, the batches on the device first): (its row, (median ms/step,
+    losses per step, parameters on the host)); a caught OOM gives an OOM row and no reference."""
+    from lmsys.core.devices import is_oom, oom_row
+
+    free_memory(ctx.device)
+    reset_peak_memory(ctx.device)
     batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
-    model = build_model(config, device=ctx.device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))
-    step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
-    losses = [run_step(step, *b).item() for b in batches]
-    params = {name: p.detach().float().cpu().clone() for name, p in model.named_parameters()}
-    del batches
-    return losses, params
+    try:
+        model = build_model(config, device=ctx.device, seed=seed)
+        optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))
+        step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
+        timer, losses = RegionTimer(ctx.device), []
+        progress.plan_steps(total)
+        for i, (inputs, targets) in enumerate(batches):
+            if i == warmup:
+                synchronize(ctx.device)
+            losses.append(run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range,
+                                   names={"step": "step"}))
+            progress.step()
+        ms = statistics.median(timer.samples("step"))
+        peak = peak_memory(ctx.device)
+        losses = torch.stack(losses).double().tolist()  # one copy to the host, after the timed steps
+        params = {name: p.detach().float().cpu() for name, p in model.named_parameters()}
+        n_params = sum(p.numel() for p in params.values())
+    except Exception as exc:  # noqa: BLE001 - an OOM marks the row; anything else is a bug
+        if not is_oom(exc):
+            raise
+        return oom_row("OOM (the full global batch on one device)", ROW_KEYS, impl="1 process", mesh="-",
+                       **{"dp strategy": "-", "schedule": "-"}), None
+    finally:
+        step = model = optimizer = batches = None
+        free_memory(ctx.device)
+    tokens = source.global_batch * config.context_length
+    row = dict.fromkeys(ROW_KEYS)
+    row.update({"impl": "1 process", "mesh": "-", "dp strategy": "-", "schedule": "-", "ms/step": ms,
+                "tokens/s": tokens / (ms * 1e-3),
+                "MFU %": mfu_percent(config, tokens=tokens, step_ms=ms, device=ctx.device, dtype=dtype, processes=1),
+                "peak MiB/rank": None if peak is None else peak / MiB, "params/rank": n_params, "loss": losses[-1],
+                "status": "ok"})
+    return row, (ms, losses, params)
 
 
 def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
@@ -205,9 +246,10 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         "status": "ok",
     })
     if reference is not None:
-        ref_losses, ref_params = reference
+        ref_ms, ref_losses, ref_params = reference
         row["|Δloss|"] = max(abs(a - b) for a, b in zip(last_loss.tolist(), ref_losses))
         row["parity max|Δθ|"] = max((full[n] - ref_params[n]).abs().max().item() for n in ref_params)
+        row["× 1 process"] = ref_ms / ms
     return row
 
 
