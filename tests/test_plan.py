@@ -117,24 +117,44 @@ def test_memory_of_a_small_config_term_by_term():
     assert params(SMALL) == 2792
     lay = mem.Layout(dp=2, zero=1, micro_batch=2)
     m = mem.memory(SMALL, lay, mem.PRECISIONS["fp32"], capacity=80e9)
-    assert (m.weights, m.grads, m.optimizer) == (2792 * 4, 2792 * 4, 2792 * 8 / 2)
-    # Per block (fp32, sbh = 4·2·8 = 64 elements): norm inputs, QKV input, Q, output-projection input, MLP
-    # input: 6·64·4 = 1536; K and V 2·32·4 = 256; log-sum-exp 2 heads·4·2·4 B = 64; gate, up, silu, product
-    # 4·128·4 = 2048 -> 3904 bytes; two blocks, one micro-batch in flight -> 7808.
-    assert mem.layer_activation_bytes(SMALL, lay, mem.PRECISIONS["fp32"]) == 3904
-    # Head: final norm input + head input 64·(4 + 4) = 512; logits 8 tokens·100·(4 + 8) = 9600.
-    assert m.parts["embedding and head"] == 512 + 9600
-    assert m.activations == 7808 + 512 + 9600
-    assert m.buffers == 2 * 25 * 2**20  # two DDP buckets
-    assert m.total == 2792 * 4 * 2 + 2792 * 4 + 7808 + 512 + 9600 + 2 * 25 * 2**20
+    assert (m.weights, m.optimizer, m.parts["gradients (all)"]) == (2792 * 4, 2792 * 8 / 2, 2792 * 4)
+    # Per block (fp32, sbh = 4·2·8 = 64 elements): two RMSNorms' fp32 input and x·rsqrt, QKV input, Q,
+    # output-projection input, MLP input: 8·64·4 = 2048; K and V 2·32·4 = 256; log-sum-exp 2 heads·4·2·4 B
+    # = 64; gate, up, silu, product 4·128·4 = 2048 -> 4416 bytes; two blocks, one micro-batch -> 8832.
+    assert mem.layer_activation_bytes(SMALL, lay, mem.PRECISIONS["fp32"]) == 4416
+    # Head: final norm's input and x·rsqrt + head input 64·(4 + 4 + 4) = 768; log-probabilities 8 tokens·100·4.
+    assert m.parts["embedding and head"] == 768 + 3200
+    # A block's backward: the incoming gradient 64·4 + 2 × the largest saved tensor (gate, 128·4) = 1280.
+    assert m.parts["block backward transient"] == 256 + 2 * 512
+    buffers = 2 * 25 * 2**20 + mem.CUBLAS_WORKSPACE_BYTES  # two DDP buckets, cuBLAS's two workspaces
+    state = 2792 * 4 + 2792 * 8 / 2  # weights and optimizer state, at every phase
+    # forward (no gradient yet: set to None before the step): saved 8832 + 3968, the logits 800·4 alive
+    # backward start: the saved tensors + the loss's two fp32 gradients 800·8 (more than the last block's
+    # backward: head gradients 808·4 + 1280 - the head's 3968 saved); backward end: every gradient + the
+    # first block's 4416 + 1280 less its 592·4 and the embedding's 800·4 gradients not made yet = 128.
+    assert m.parts["phases"] == pytest.approx({
+        "forward": state + 12800 + 3200 + buffers, "backward start": state + 12800 + 6400 + buffers,
+        "backward end": state + 2792 * 4 + 128 + buffers, "optimizer": state + 2792 * 4 + buffers})
+    assert m.phase == "backward start" and m.grads == 0 and m.activations == 12800 + 6400
+    assert m.buffers == buffers
+    assert m.total == state + 12800 + 6400 + buffers
     assert m.headroom == pytest.approx(80e9 - (2**30 + 0.05 * 80e9) - m.total)
+    # two micro-batches accumulated: the second forward runs with every gradient there; the head's gradient
+    # arrives as a new buffer added into the old one
+    acc = mem.memory(SMALL, replace(lay, microbatches=2), mem.PRECISIONS["fp32"], capacity=80e9)
+    assert acc.parts["phases"]["forward"] == pytest.approx(state + 2792 * 4 + 12800 + 3200 + buffers)
+    assert acc.parts["phases"]["backward start"] == pytest.approx(state + 2792 * 4 + 12800 + 6400 + buffers)
+    assert acc.parts["phases"]["backward end"] == pytest.approx(state + 2792 * 4 + 4416 + 1280 + buffers)
+    assert (acc.phase, acc.grads) == ("backward start", 2792 * 4)
+    # on a CPU: no cuBLAS workspace
+    assert mem.memory(SMALL, lay, mem.PRECISIONS["fp32"], capacity=80e9, device="cpu").buffers == 2 * 25 * 2**20
 
 
 @pytest.mark.parametrize("zero, w, g, o", [(0, 1, 1, 1), (1, 1, 1, 4), (2, 1, 4, 4), (3, 4, 4, 4)])
 def test_zero_stages_shard_over_data_parallel(zero, w, g, o):
     prec = mem.PRECISIONS["master"]
     m = mem.memory(SMALL, mem.Layout(dp=4, zero=zero), prec, capacity=80e9)
-    assert (m.weights, m.grads, m.optimizer) == (2792 * 2 / w, 2792 * 4 / g, 2792 * 12 / o)
+    assert (m.weights, m.parts["gradients (all)"], m.optimizer) == (2792 * 2 / w, 2792 * 4 / g, 2792 * 12 / o)
 
 
 def test_tensor_and_pipeline_parallel_parameters():
@@ -194,9 +214,11 @@ def test_autocast_weight_copies_per_microbatch_in_flight():
     for p in ("autocast", "fp32"):
         assert got["gpipe", p].parts["layers"] == 4 * got["seq", p].parts["layers"]
         assert got["gpipe", p].parts["embedding and head"] == 4 * got["seq", p].parts["embedding and head"]
-        assert got["gpipe", p].activations - got["seq", p].activations == pytest.approx(
+        # at the end of the forwards (no gradient yet under GPipe; all of them in accumulation's later ones)
+        gpipe_fwd, seq_fwd = (got[k, p].parts["phases"]["forward"] for k in ("gpipe", "seq"))
+        assert gpipe_fwd - seq_fwd == pytest.approx(
             3 * (got["seq", p].parts["layers"] + got["seq", p].parts["embedding and head"])
-            + 3 * got["seq", p].parts["autocast weight copies"])
+            + 3 * got["seq", p].parts["autocast weight copies"] - got["seq", p].parts["gradients (all)"])
     # full recomputation saves no block's copy: the blocks' live in autocast's cache through one forward,
     # the head's are saved per micro-batch
     full = mem.memory(SMALL, replace(gpipe, checkpoint="full"), bf16, capacity=80e9)
