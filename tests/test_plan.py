@@ -592,6 +592,14 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     host = next(row for row in rows if row["what"] == "host, per dispatched op")
     assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
     assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
+    # plan train takes the CPU's facts from its profile: its RAM as the capacity, its measured matmul rate
+    # as the peak MFU divides by (said in the header), no --gpu needed
+    assert prof["memory_GB"] > 0
+    r = lmsys("plan", "train", "--profile", str(profile), "--size", str(model), "--dtype", "fp32", "--format", "json")
+    assert r.code == 0, r.err
+    train = json.loads(r.out)
+    assert f"{prof['memory_GB']:g} GB each" in train["meta"]["cluster"] and "measured matmul rate" in train["meta"]["MFU peak"]
+    assert train["rows"] and all(row["MFU %"] > 0 for row in train["rows"])
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
               "--warmup", "0", "--steps", "1", "--mesh", "none", "--format", "json")
     assert r.code == 0, r.err
@@ -747,6 +755,25 @@ def test_host_op_counts_predict_a_deeper_model():
     with cal._Count() as core:
         attention(q, k, v, is_causal=True, impl="naive")
     assert core.n <= ops["recompute_core"] < ops["recompute_layer"]
+
+
+def test_plan_train_with_a_profile_of_a_device_the_table_lacks(tmp_path):
+    from lmsys.plan.train import resolve
+
+    old = tmp_path / "old.yaml"  # a CPU profile written before calibrate recorded the device's memory
+    old.write_text("device: x86_64\nmatmul_tflops: {fp32: 0.2}\nattention_tflops: {fp32: 0.05}\nhbm_GBps: 20\n")
+    kw = dict(size="tiny", context_length=None, gpus=None, gpus_per_node=None, gpu=None, cluster=None,
+              dtype="fp32", master_weights=False, peak_tflops=None)
+    with pytest.raises(LmsysError, match="'x86_64' is not in the GPU table and the profile has no memory_GB"):
+        resolve(profile=str(old), **kw)
+    new = tmp_path / "new.yaml"
+    new.write_text(old.read_text() + "memory_GB: 64\n")
+    _, _, clu, rates, peak, label = resolve(profile=str(new), **kw)
+    assert (clu.capacity, peak, rates.matmul_tflops) == (64e9, 0.2, 0.2) and "measured matmul rate" in label
+    with pytest.raises(LmsysError, match="no matmul_tflops for bf16"):
+        resolve(profile=str(new), **{**kw, "dtype": "bf16"})
+    _, _, _, _, peak, label = resolve(profile=str(new), **{**kw, "peak_tflops": 1.5})
+    assert peak == 1.5 and label.endswith("(--peak-tflops)")
 
 
 @pytest.mark.parametrize("args, message", [
