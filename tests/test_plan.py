@@ -529,7 +529,8 @@ def test_plan_train_terminal_view_groups_columns_and_files_keep_them(lmsys):
     rows, meta, _, notes = plan_train(size="small", gpus=4, gpu="H100", global_batch=8, top=2)
     report = Report("plan train", rows, meta, notes, groups=GROUPS)
     cols, shown = report.terminal_view()
-    assert len(report.columns) == 24 and len(cols) == 24 - 2 - 6 - 8 + 3
+    assert len(report.columns) == 25 and len(cols) == 25 - 2 - 6 - 8 + 3  # memory peak: a column of its own
+    assert report.columns[report.columns.index("headroom GiB") + 1] == "memory peak"
     assert cols.index("memory GiB (w/g/o/a/b/free)") == report.columns.index("weights GiB") - 1  # mb/size took 2
     parts = shown[0]["ms (comp/recomp/tp/pp/dp/bubble/opt/host)"].split("/")
     assert [float(p) for p in parts] == pytest.approx([rows[0][k] for k in GROUPS[2][1]], rel=5e-3, abs=1e-3)
