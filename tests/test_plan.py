@@ -117,24 +117,44 @@ def test_memory_of_a_small_config_term_by_term():
     assert params(SMALL) == 2792
     lay = mem.Layout(dp=2, zero=1, micro_batch=2)
     m = mem.memory(SMALL, lay, mem.PRECISIONS["fp32"], capacity=80e9)
-    assert (m.weights, m.grads, m.optimizer) == (2792 * 4, 2792 * 4, 2792 * 8 / 2)
-    # Per block (fp32, sbh = 4·2·8 = 64 elements): norm inputs, QKV input, Q, output-projection input, MLP
-    # input: 6·64·4 = 1536; K and V 2·32·4 = 256; log-sum-exp 2 heads·4·2·4 B = 64; gate, up, silu, product
-    # 4·128·4 = 2048 -> 3904 bytes; two blocks, one micro-batch in flight -> 7808.
-    assert mem.layer_activation_bytes(SMALL, lay, mem.PRECISIONS["fp32"]) == 3904
-    # Head: final norm input + head input 64·(4 + 4) = 512; logits 8 tokens·100·(4 + 8) = 9600.
-    assert m.parts["embedding and head"] == 512 + 9600
-    assert m.activations == 7808 + 512 + 9600
-    assert m.buffers == 2 * 25 * 2**20  # two DDP buckets
-    assert m.total == 2792 * 4 * 2 + 2792 * 4 + 7808 + 512 + 9600 + 2 * 25 * 2**20
+    assert (m.weights, m.optimizer, m.parts["gradients (all)"]) == (2792 * 4, 2792 * 8 / 2, 2792 * 4)
+    # Per block (fp32, sbh = 4·2·8 = 64 elements): two RMSNorms' fp32 input and x·rsqrt, QKV input, Q,
+    # output-projection input, MLP input: 8·64·4 = 2048; K and V 2·32·4 = 256; log-sum-exp 2 heads·4·2·4 B
+    # = 64; gate, up, silu, product 4·128·4 = 2048 -> 4416 bytes; two blocks, one micro-batch -> 8832.
+    assert mem.layer_activation_bytes(SMALL, lay, mem.PRECISIONS["fp32"]) == 4416
+    # Head: final norm's input and x·rsqrt + head input 64·(4 + 4 + 4) = 768; log-probabilities 8 tokens·100·4.
+    assert m.parts["embedding and head"] == 768 + 3200
+    # A block's backward: the incoming gradient 64·4 + 2 × the largest saved tensor (gate, 128·4) = 1280.
+    assert m.parts["block backward transient"] == 256 + 2 * 512
+    buffers = 2 * 25 * 2**20 + mem.CUBLAS_WORKSPACE_BYTES  # two DDP buckets, cuBLAS's two workspaces
+    state = 2792 * 4 + 2792 * 8 / 2  # weights and optimizer state, at every phase
+    # forward (no gradient yet: set to None before the step): saved 8832 + 3968, the logits 800·4 alive
+    # backward start: the saved tensors + the loss's two fp32 gradients 800·8 (more than the last block's
+    # backward: head gradients 808·4 + 1280 - the head's 3968 saved); backward end: every gradient + the
+    # first block's 4416 + 1280 less its 592·4 and the embedding's 800·4 gradients not made yet = 128.
+    assert m.parts["phases"] == pytest.approx({
+        "forward": state + 12800 + 3200 + buffers, "backward start": state + 12800 + 6400 + buffers,
+        "backward end": state + 2792 * 4 + 128 + buffers, "optimizer": state + 2792 * 4 + buffers})
+    assert m.phase == "backward start" and m.grads == 0 and m.activations == 12800 + 6400
+    assert m.buffers == buffers
+    assert m.total == state + 12800 + 6400 + buffers
     assert m.headroom == pytest.approx(80e9 - (2**30 + 0.05 * 80e9) - m.total)
+    # two micro-batches accumulated: the second forward runs with every gradient there; the head's gradient
+    # arrives as a new buffer added into the old one
+    acc = mem.memory(SMALL, replace(lay, microbatches=2), mem.PRECISIONS["fp32"], capacity=80e9)
+    assert acc.parts["phases"]["forward"] == pytest.approx(state + 2792 * 4 + 12800 + 3200 + buffers)
+    assert acc.parts["phases"]["backward start"] == pytest.approx(state + 2792 * 4 + 12800 + 6400 + buffers)
+    assert acc.parts["phases"]["backward end"] == pytest.approx(state + 2792 * 4 + 4416 + 1280 + buffers)
+    assert (acc.phase, acc.grads) == ("backward start", 2792 * 4)
+    # on a CPU: no cuBLAS workspace
+    assert mem.memory(SMALL, lay, mem.PRECISIONS["fp32"], capacity=80e9, device="cpu").buffers == 2 * 25 * 2**20
 
 
 @pytest.mark.parametrize("zero, w, g, o", [(0, 1, 1, 1), (1, 1, 1, 4), (2, 1, 4, 4), (3, 4, 4, 4)])
 def test_zero_stages_shard_over_data_parallel(zero, w, g, o):
     prec = mem.PRECISIONS["master"]
     m = mem.memory(SMALL, mem.Layout(dp=4, zero=zero), prec, capacity=80e9)
-    assert (m.weights, m.grads, m.optimizer) == (2792 * 2 / w, 2792 * 4 / g, 2792 * 12 / o)
+    assert (m.weights, m.parts["gradients (all)"], m.optimizer) == (2792 * 2 / w, 2792 * 4 / g, 2792 * 12 / o)
 
 
 def test_tensor_and_pipeline_parallel_parameters():
@@ -194,9 +214,11 @@ def test_autocast_weight_copies_per_microbatch_in_flight():
     for p in ("autocast", "fp32"):
         assert got["gpipe", p].parts["layers"] == 4 * got["seq", p].parts["layers"]
         assert got["gpipe", p].parts["embedding and head"] == 4 * got["seq", p].parts["embedding and head"]
-        assert got["gpipe", p].activations - got["seq", p].activations == pytest.approx(
+        # at the end of the forwards (no gradient yet under GPipe; all of them in accumulation's later ones)
+        gpipe_fwd, seq_fwd = (got[k, p].parts["phases"]["forward"] for k in ("gpipe", "seq"))
+        assert gpipe_fwd - seq_fwd == pytest.approx(
             3 * (got["seq", p].parts["layers"] + got["seq", p].parts["embedding and head"])
-            + 3 * got["seq", p].parts["autocast weight copies"])
+            + 3 * got["seq", p].parts["autocast weight copies"] - got["seq", p].parts["gradients (all)"])
     # full recomputation saves no block's copy: the blocks' live in autocast's cache through one forward,
     # the head's are saved per micro-batch
     full = mem.memory(SMALL, replace(gpipe, checkpoint="full"), bf16, capacity=80e9)
@@ -507,7 +529,8 @@ def test_plan_train_terminal_view_groups_columns_and_files_keep_them(lmsys):
     rows, meta, _, notes = plan_train(size="small", gpus=4, gpu="H100", global_batch=8, top=2)
     report = Report("plan train", rows, meta, notes, groups=GROUPS)
     cols, shown = report.terminal_view()
-    assert len(report.columns) == 24 and len(cols) == 24 - 2 - 6 - 8 + 3
+    assert len(report.columns) == 25 and len(cols) == 25 - 2 - 6 - 8 + 3  # memory peak: a column of its own
+    assert report.columns[report.columns.index("headroom GiB") + 1] == "memory peak"
     assert cols.index("memory GiB (w/g/o/a/b/free)") == report.columns.index("weights GiB") - 1  # mb/size took 2
     parts = shown[0]["ms (comp/recomp/tp/pp/dp/bubble/opt/host)"].split("/")
     assert [float(p) for p in parts] == pytest.approx([rows[0][k] for k in GROUPS[2][1]], rel=5e-3, abs=1e-3)
@@ -570,6 +593,14 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     host = next(row for row in rows if row["what"] == "host, per dispatched op")
     assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
     assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
+    # plan train takes the CPU's facts from its profile: its RAM as the capacity, its measured matmul rate
+    # as the peak MFU divides by (said in the header), no --gpu needed
+    assert prof["memory_GB"] > 0
+    r = lmsys("plan", "train", "--profile", str(profile), "--size", str(model), "--dtype", "fp32", "--format", "json")
+    assert r.code == 0, r.err
+    train = json.loads(r.out)
+    assert f"{prof['memory_GB']:g} GB each" in train["meta"]["cluster"] and "measured matmul rate" in train["meta"]["MFU peak"]
+    assert train["rows"] and all(row["MFU %"] > 0 for row in train["rows"])
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--device", "cpu",
               "--warmup", "0", "--steps", "1", "--mesh", "none", "--format", "json")
     assert r.code == 0, r.err
@@ -725,6 +756,25 @@ def test_host_op_counts_predict_a_deeper_model():
     with cal._Count() as core:
         attention(q, k, v, is_causal=True, impl="naive")
     assert core.n <= ops["recompute_core"] < ops["recompute_layer"]
+
+
+def test_plan_train_with_a_profile_of_a_device_the_table_lacks(tmp_path):
+    from lmsys.plan.train import resolve
+
+    old = tmp_path / "old.yaml"  # a CPU profile written before calibrate recorded the device's memory
+    old.write_text("device: x86_64\nmatmul_tflops: {fp32: 0.2}\nattention_tflops: {fp32: 0.05}\nhbm_GBps: 20\n")
+    kw = dict(size="tiny", context_length=None, gpus=None, gpus_per_node=None, gpu=None, cluster=None,
+              dtype="fp32", master_weights=False, peak_tflops=None)
+    with pytest.raises(LmsysError, match="'x86_64' is not in the GPU table and the profile has no memory_GB"):
+        resolve(profile=str(old), **kw)
+    new = tmp_path / "new.yaml"
+    new.write_text(old.read_text() + "memory_GB: 64\n")
+    _, _, clu, rates, peak, label = resolve(profile=str(new), **kw)
+    assert (clu.capacity, peak, rates.matmul_tflops) == (64e9, 0.2, 0.2) and "measured matmul rate" in label
+    with pytest.raises(LmsysError, match="no matmul_tflops for bf16"):
+        resolve(profile=str(new), **{**kw, "dtype": "bf16"})
+    _, _, _, _, peak, label = resolve(profile=str(new), **{**kw, "peak_tflops": 1.5})
+    assert peak == 1.5 and label.endswith("(--peak-tflops)")
 
 
 @pytest.mark.parametrize("args, message", [

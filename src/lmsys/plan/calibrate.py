@@ -49,6 +49,9 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
 
     rows: list[dict] = []
     profile: dict = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}}
+    memory_GB = device_memory_GB(device)
+    if memory_GB is not None:  # plan train's capacity for a device the GPU table does not know (a CPU)
+        profile["memory_GB"] = memory_GB
     tokens = batch_size * m.seq
     progress.plan_rows(len(dtypes) * (len(gemm_shapes(m, tokens=tokens)) + 2) + 3)  # + all-reduce when measured
     for dtype in dtypes:
@@ -108,6 +111,21 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
             profile["busbw"], profile["latency_us"] = busbw, latency_us
         rows += comm_rows
     return profile, rows
+
+
+def device_memory_GB(device) -> float | None:
+    """The device's memory in GB (1e9 bytes): a GPU's total, or the host's physical RAM for a CPU (None
+    where the platform does not say)."""
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 1e9
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:

@@ -133,19 +133,37 @@ class Saved:
     core: bool = False  # attention's core (QKᵀ, softmax, dropout, ·V): what selective recomputation drops
 
 
-def saved_tensors(m: ModelShape, *, b: int, prec: Precision) -> list[Saved]:
-    """Every tensor one block keeps, for a micro-batch of b sequences, without parallelism."""
+def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda") -> list[Saved]:
+    """Every tensor one block keeps, for a micro-batch of b sequences, without parallelism.
+
+    lmsys's own choices, each found by counting what autograd saves (saved_tensors_hooks, one count per
+    storage; tests/test_plan_phases.py): its RMSNorm computes in fp32 and keeps its fp32 input and
+    x·rsqrt(mean x²) besides the output the next matmul keeps (`norm == "rms"`; a fused LayerNorm keeps its
+    input only); under autocast each of SwiGLU's two input matmuls casts the fp32 normed input itself (two
+    copies kept); naive attention keeps the s×s causal mask (bytes, once per block), K and V repeated to
+    every head with grouped-query attention and, at b = 1 without it, V as a view of the whole QKV output
+    (its reshape for the batched matmul needs no copy then). CUDA's autocast
+    runs softmax in fp32 (its output kept, then a cast for ·V); the CPU's keeps the compute dtype
+    (`device`)."""
     s, h, f, a = m.seq, m.d_model, m.d_ff, m.heads
     sbh, sbk, sbf, ass = s * b * h, s * b * m.kv_dim, s * b * f, a * s * s * b
-    act, res = prec.act, prec.residual
-    out = [Saved("attention norm input", sbh, res, "seq"), Saved("QKV input", sbh, act, "seq"),
-           Saved("Q", sbh, act, "tp"), Saved("K", sbk, act, "tp"), Saved("V", sbk, act, "tp")]
+    act = prec.act
+    out = _norm_saved(m, sbh, prec, "attention") + [Saved("QKV input", sbh, act, "seq"), Saved("Q", sbh, act, "tp")]
+    if m.attention == "naive" and m.kv_heads != m.heads:  # K and V repeated to every head before the matmuls
+        out += [Saved("K, repeated", sbh, act, "tp"), Saved("V, repeated", sbh, act, "tp")]
+    elif m.attention == "naive" and b == 1:  # the view keeps Q, K and V before RoPE
+        out += [Saved("K", sbk, act, "tp"), Saved("V (a view of the QKV output)", s * b * (h + 2 * m.kv_dim), act, "tp")]
+    else:
+        out += [Saved("K", sbk, act, "tp"), Saved("V", sbk, act, "tp")]
     if m.attention == "flash":
         out.append(Saved("log-sum-exp", a * s * b, 4, "tp", core=True))
-    elif m.attention == "naive":  # softmax in fp32 under autocast, then cast for the ·V matmul
-        out.append(Saved("softmax output", ass, 4, "tp", core=True))
-        if act != 4:
-            out.append(Saved("softmax output cast", ass, act, "tp", core=True))
+    elif m.attention == "naive":  # softmax in fp32 under CUDA's autocast, then cast for the ·V matmul
+        out.append(Saved("causal mask", s * s, 1, "rep", core=True))
+        if act != 4 and device == "cuda":
+            out += [Saved("softmax output", ass, 4, "tp", core=True),
+                    Saved("softmax output cast", ass, act, "tp", core=True)]
+        else:
+            out.append(Saved("softmax output", ass, act, "tp", core=True))
     else:
         out.append(Saved("softmax output", ass, act, "tp", core=True))
         if m.dropout:
@@ -154,10 +172,12 @@ def saved_tensors(m: ModelShape, *, b: int, prec: Precision) -> list[Saved]:
     out.append(Saved("output projection input", sbh, act, "tp"))
     if m.dropout:
         out.append(Saved("attention block dropout mask", sbh, 1, "seq"))
-    out += [Saved("MLP norm input", sbh, res, "seq"), Saved("MLP input", sbh, act, "seq")]
+    out += _norm_saved(m, sbh, prec, "MLP") + [Saved("MLP input", sbh, act, "seq")]
     if m.mlp == "gelu":
         out += [Saved("GeLU input", sbf, act, "tp"), Saved("MLP output projection input", sbf, act, "tp")]
     else:
+        if prec.cast:
+            out.append(Saved("MLP input, second cast", sbh, act, "seq"))
         out += [Saved("gate", sbf, act, "tp"), Saved("up", sbf, act, "tp"), Saved("silu(gate)", sbf, act, "tp"),
                 Saved("MLP output projection input", sbf, act, "tp")]
     if m.dropout:
@@ -165,17 +185,36 @@ def saved_tensors(m: ModelShape, *, b: int, prec: Precision) -> list[Saved]:
     return out
 
 
+def _norm_saved(m: ModelShape, sbh: int, prec: Precision, where: str) -> list[Saved]:
+    """What a norm keeps besides its output: a fused LayerNorm its input; lmsys's RMSNorm (fp32 math) its
+    input in fp32 and the normalized x·rsqrt(mean x²) in fp32."""
+    if m.norm == "rms":
+        return [Saved(f"{where} norm input (fp32)", sbh, 4, "seq"), Saved(f"{where} norm x·rsqrt", sbh, 4, "seq")]
+    return [Saved(f"{where} norm input", sbh, prec.residual, "seq")]
+
+
 def _split(t: Saved, lay: Layout) -> float:
+    if t.region == "rep":  # the same on every tensor-parallel rank
+        return t.elements * t.nbytes
     return t.elements * t.nbytes / (lay.tp if (t.region == "tp" or lay.sp) else 1)
 
 
-def layer_activation_bytes(m: ModelShape, lay: Layout, prec: Precision, *, checkpoint: str | None = None) -> float:
+def layer_activation_bytes(m: ModelShape, lay: Layout, prec: Precision, *, checkpoint: str | None = None,
+                           device: str = "cuda") -> float:
     """Bytes one block keeps for one micro-batch on one GPU, under `checkpoint` (default: the layout's)."""
     checkpoint = lay.checkpoint if checkpoint is None else checkpoint
     if checkpoint == "full":  # only the block's input
         return m.seq * lay.micro_batch * m.d_model * prec.residual / (lay.tp if lay.sp else 1)
-    return sum(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec)
+    return sum(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device)
                if not (checkpoint == "selective" and t.core))
+
+
+def block_backward_transient(m: ModelShape, lay: Layout, prec: Precision, *, device: str = "cuda") -> float:
+    """Bytes a block's backward holds beyond its saved tensors and its gradients: the incoming gradient of
+    the residual stream and, at the largest saved tensor, its gradient and its input's (the attention
+    scores' at this context: the gradients of the probabilities and of the scores)."""
+    largest = max(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device))
+    return m.seq * lay.micro_batch * m.d_model * prec.residual / (lay.tp if lay.sp else 1) + 2 * largest
 
 
 def korthikanti(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none") -> float:
@@ -207,7 +246,11 @@ def in_flight(lay: Layout, *, stage: str) -> float:
 
 @dataclass
 class Memory:
-    """Bytes per GPU on its fullest pipeline stage."""
+    """Bytes per GPU on its fullest pipeline stage, at the phase of the step where they peak (`phase`):
+    weights and optimizer state always; the gradients that exist then (none at the end of a step's first
+    forward, all of them at its optimizer step); the activations alive then (saved tensors, autocast's
+    weight copies, the phase's transient buffers); communication buffers and library workspaces.
+    `parts` holds the terms behind the sums, every phase's total among them."""
 
     stage: str
     weights: float
@@ -217,6 +260,7 @@ class Memory:
     buffers: float
     capacity: float
     parts: dict = field(default_factory=dict)  # the terms behind the sums, for tests and --format json
+    phase: str = "backward start"
 
     @property
     def total(self) -> float:
@@ -235,8 +279,9 @@ class Memory:
         terms = ", ".join(f"{k} {v / GiB:.1f}" for k, v in (("weights", self.weights), ("gradients", self.grads),
                           ("optimizer", self.optimizer), ("activations", self.activations),
                           ("buffers", self.buffers), ("reserve", self.reserve)))
-        return (f"needs {(self.total + self.reserve) / GiB:.1f} GiB per GPU on its {self.stage} stage, "
-                f"{-self.headroom / GiB:.1f} GiB over the {self.capacity / GiB:.1f} GiB it has ({terms} GiB)")
+        return (f"needs {(self.total + self.reserve) / GiB:.1f} GiB per GPU on its {self.stage} stage at its "
+                f"{self.phase}, {-self.headroom / GiB:.1f} GiB over the {self.capacity / GiB:.1f} GiB it has "
+                f"({terms} GiB)")
 
 
 def stage_params(m: ModelShape, lay: Layout, *, first: bool, last: bool) -> float:
@@ -263,65 +308,134 @@ def cast_params(m: ModelShape, lay: Layout, *, last: bool) -> tuple[float, float
 
 def autocast_copies(m: ModelShape, lay: Layout, prec: Precision, *, stage: str) -> float:
     """Bytes of the compute-dtype weight copies autocast makes of fp32 weights (`prec.cast` bytes each) that
-    are alive at the stage's peak. Autocast caches a leaf weight's cast within one autocast region (a
-    micro-batch's forward) and the matmul saves it for the backward: one copy of the stage's weights per
-    micro-batch whose backward is pending, the `in_flight` count of the activations (1 with sequential
-    accumulation, m with GPipe). Full recomputation saves no block's copy: the blocks' copies live in the
-    cache until the forward ends (one copy, of the micro-batch being run), the head's are saved per
-    micro-batch in flight. ZeRO-3: the shard's."""
+    are alive at the end of the stage's forward. Autocast caches a leaf weight's cast within one autocast
+    region (a micro-batch's forward) and the matmul saves it for the backward: one copy of the stage's
+    weights per micro-batch whose backward is pending, the `in_flight` count of the activations (1 with
+    sequential accumulation, m with GPipe). Full recomputation saves no block's copy: the blocks' copies
+    live in the cache until the forward ends (one copy, of the micro-batch being run), the head's are saved
+    per micro-batch in flight. ZeRO-3: the shard's."""
+    per_mb, cached = _casts(m, lay, prec, stage=stage)
+    return in_flight(lay, stage="last" if stage == "last" else "first") * per_mb + cached
+
+
+def _casts(m: ModelShape, lay: Layout, prec: Precision, *, stage: str) -> tuple[float, float]:
+    """(copies saved per micro-batch, copies only autocast's cache holds until a forward ends), bytes."""
     if not prec.cast:
-        return 0.0
+        return 0.0, 0.0
     blocks, head = cast_params(m, lay, last=stage in ("last", "only"))
-    flight = in_flight(lay, stage="last" if stage == "last" else "first")
-    held = (blocks + flight * head) if lay.checkpoint == "full" else flight * (blocks + head)
-    return held * prec.cast / (lay.dp if lay.zero >= 3 else 1)
+    shard = prec.cast / (lay.dp if lay.zero >= 3 else 1)
+    if lay.checkpoint == "full":
+        return head * shard, blocks * shard
+    return (blocks + head) * shard, 0.0
 
 
-def memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float) -> Memory:
-    """The per-GPU breakdown of the fuller of the first and last pipeline stages."""
+CUBLAS_WORKSPACE_BYTES = 2 * (32 + 1) * 2**20
+"""cuBLAS's workspaces, allocated by PyTorch through its caching allocator once per (handle, stream): on
+Hopper 32 MiB for cuBLAS and 1 MiB for cuBLASLt (torch's defaults), one handle for the forward's thread and
+one for the autograd engine's (the backward's); other GPUs default to 8.1 MiB, a 50 MiB difference."""
+
+
+def memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, device: str = "cuda") -> Memory:
+    """The per-GPU breakdown of the fuller of the first and last pipeline stages, at its peak phase.
+    `device`: "cuda" (the default: CUDA autocast's fp32 softmax, cuBLAS's workspaces) or "cpu"."""
     check_layout(m, lay)
     stages = ("only",) if lay.pp == 1 else ("first", "last")
-    return max((_stage_memory(m, lay, prec, capacity=capacity, stage=st) for st in stages), key=lambda x: x.total)
+    return max((_stage_memory(m, lay, prec, capacity=capacity, stage=st, device=device) for st in stages),
+               key=lambda x: x.total)
 
 
-def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, stage: str) -> Memory:
+def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, stage: str,
+                  device: str = "cuda") -> Memory:
+    """The stage's bytes at each phase of a step; the largest is its peak.
+
+    - forward: at the end of the forward that brings the stage to its most micro-batches in flight:
+      weights, optimizer state, the gradients of the micro-batches already done (all of them once a
+      backward has run before it: sequential accumulation's later micro-batches, 1F1B's steady state;
+      none at a step's first forward, GPipe's), the saved activations of the micro-batches in flight,
+      autocast's copies (the cached ones included) and, on the last stage, the loss's logits and their
+      fp32 copy;
+    - backward start: the same with autocast's cache gone, plus the larger of the loss's backward (two fp32
+      gradients of the logits) and the last block's (the head's gradients, that block's transient
+      buffers, its recomputed activations under recomputation) less what the head kept;
+    - backward end: every gradient, the other micro-batches in flight, and the first block's backward (its
+      activations, recomputed or kept, its weight copies and its transient) less its own gradients and the
+      embedding's, which do not exist yet;
+    - optimizer: weights, gradients and state (fused AdamW: no temporaries).
+    Communication buffers (and on CUDA, cuBLAS's workspaces) are added to every phase."""
     first, last = stage in ("first", "only"), stage in ("last", "only")
     n = stage_params(m, lay, first=first, last=last)
     dp, z = lay.dp, lay.zero
     weights = n * prec.weight / (dp if z >= 3 else 1)
     grads = n * prec.grad / (dp if z >= 2 else 1)
     optimizer = n * prec.optimizer / (dp if z >= 1 else 1)
-    cast = autocast_copies(m, lay, prec, stage=stage)
+    grad_of = prec.grad / (dp if z >= 2 else 1)  # gradient bytes per parameter on this GPU
     s, b, h, t = m.seq, lay.micro_batch, m.d_model, lay.tp
     sp_split = t if lay.sp else 1
     layers = m.layers / lay.pp
-    per_layer = layer_activation_bytes(m, lay, prec)
+    per_layer = layer_activation_bytes(m, lay, prec, device=device)
+    full_layer = layer_activation_bytes(m, lay, prec, checkpoint="none", device=device)
+    transient = block_backward_transient(m, lay, prec, device=device)
     flight = in_flight(lay, stage="last" if stage == "last" else "first")
-    parts = {"params": n, "autocast weight copies": cast, "per layer": per_layer, "in flight": flight,
-             "layers": layers * flight * per_layer}
-    working = 0.0
-    if lay.checkpoint == "full":  # the block being recomputed keeps everything until its backward is done
-        working = layer_activation_bytes(m, lay, prec, checkpoint="none")
+    held = lay.microbatches > flight  # a backward ran before the stage held its most micro-batches
+    cast_mb, cast_cached = _casts(m, lay, prec, stage=stage)
+    cast_layer = (cast_params(m, lay, last=False)[0] / layers * prec.cast / (dp if z >= 3 else 1)
+                  if prec.cast else 0.0)
+    working = 0.0  # what the block being recomputed adds in its backward
+    if lay.checkpoint == "full":
+        working = full_layer + cast_layer
     elif lay.checkpoint == "selective":
-        working = layer_activation_bytes(m, lay, prec, checkpoint="none") - per_layer
-    parts["recompute working"] = working
-    extra = 0.0
+        working = full_layer - per_layer
+
+    head_saved = logits_fwd = logits_bwd = head_grads = 0.0
     if first and m.dropout:
-        extra += flight * s * b * h / sp_split  # embedding dropout mask, 1 byte
-    if last:  # per micro-batch in flight: 1 on a 1F1B last stage, m under GPipe (never recomputed)
-        logit = m.logit_bytes or prec.act + 8  # logits, their fp32 copy for the loss, its gradient
-        extra += flight * (s * b * h * (prec.residual + prec.act) / sp_split + s * b * m.vocab / t * logit)
-    parts["embedding and head"] = extra
-    activations = parts["layers"] + working + extra + cast
+        head_saved += s * b * h / sp_split  # embedding dropout mask, 1 byte
+    if last:  # never recomputed: kept per micro-batch in flight
+        norm = sum(x.nbytes for x in _norm_saved(m, 1, prec, "final"))
+        sbv = s * b * m.vocab / t
+        head_saved += s * b * h * (norm + prec.act) / sp_split + sbv * (m.logit_bytes or 4)
+        # lmsys's loss: logits in the compute dtype, their fp32 copy and log-softmax (kept) in the forward;
+        # the gradients of the log-probabilities and of the logits (fp32) in the backward
+        logits_fwd = 0.0 if m.logit_bytes else sbv * (prec.act + (4 if prec.act != 4 else 0))
+        logits_bwd = sbv * (m.logit_bytes or 8)
+        head_grads = (norm_params(m) + (0 if (m.tied and first) else m.vocab * h / t)) * grad_of
+    per_mb = layers * per_layer + head_saved + cast_mb
+    first_grads = layer_params(m) / t * grad_of + (m.vocab * h / t * grad_of if first else 0.0)
+
     buffers = 0.0
     if z >= 3 and dp > 1:  # two blocks gathered (this one and the prefetched one) and one block's gradients
-        full_layer = layer_params(m) / t
-        buffers += 2 * full_layer * prec.weight + full_layer * prec.grad
+        block = layer_params(m) / t
+        buffers += 2 * block * prec.weight + block * prec.grad
     elif dp > 1:
         buffers += 2 * DDP_BUCKET_BYTES
     if lay.sp:  # the all-gathered sequence a column-parallel matmul reads
         buffers += s * b * h * prec.act
     if lay.pp > 1:  # send and receive buffers for activations and their gradients
         buffers += 2 * s * b * h * prec.act / sp_split
-    parts["buffers"] = buffers
-    return Memory(stage, weights, grads, optimizer, activations, buffers, capacity, parts)
+    workspace = CUBLAS_WORKSPACE_BYTES if device == "cuda" else 0.0
+    buffers += workspace
+
+    # (gradients, activations) alive at each phase. Once a backward has run (`held`), a gradient arrives
+    # as a new buffer added into the existing one: the head's and the first block's count as transients.
+    g_held = grads if held else 0.0
+    last_block = head_grads + transient + working - head_saved  # the backward reaching the last block
+    if logits_bwd >= last_block:
+        start = (g_held, logits_bwd)
+    else:
+        start = (g_held + (0.0 if held else head_grads), last_block - (0.0 if held else head_grads))
+    first_block = (working if lay.checkpoint == "full" else full_layer + cast_layer) + transient \
+        - (0.0 if held else first_grads)
+    phases = {
+        "forward": (g_held, flight * per_mb + cast_cached + logits_fwd),
+        "backward start": (start[0], flight * per_mb + start[1]),
+        "backward end": (grads, (flight - 1) * per_mb + max(0.0, first_block)),
+        "optimizer": (grads, 0.0),
+    }
+    phase = max(phases, key=lambda k: sum(phases[k]))
+    g, act = phases[phase]
+    parts = {"params": n, "gradients (all)": grads, "autocast weight copies": flight * cast_mb + cast_cached,
+             "per layer": per_layer, "in flight": flight, "layers": layers * flight * per_layer,
+             "recompute working": working, "block backward transient": transient,
+             "embedding and head": flight * head_saved, "logits forward": logits_fwd, "loss backward": logits_bwd,
+             "buffers": buffers - workspace, "cuBLAS workspaces": workspace,
+             "phases": {k: weights + optimizer + gv + av + buffers for k, (gv, av) in phases.items()}}
+    return Memory(stage, weights, g, optimizer, act, buffers, capacity, parts, phase)

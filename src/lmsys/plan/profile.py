@@ -1,6 +1,6 @@
 """A calibration profile: the rates `lmsys plan calibrate` measured on one machine, as YAML or JSON.
 
-Keys: device (its name), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
+Keys: device (its name), memory_GB (its memory: a GPU's, or a CPU host's RAM), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
 ({world size: {bytes: all-reduce busbw GB/s}}: nccl on GPUs, gloo on a CPU) and latency_us (the smallest
 all-reduce's time) where measured, and intra_GBps / inter_GBps when known; elementwise_GBps and
 optimizer_GBps, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
@@ -14,8 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from lmsys.core.errors import LmsysError
 from lmsys.plan.time import OpCounts, Rates
+
+if TYPE_CHECKING:
+    from lmsys.core.hardware import GPU
 
 REQUIRED = ("device", "matmul_tflops", "attention_tflops", "hbm_GBps")
 
@@ -72,3 +77,22 @@ def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
 
 def _number(value) -> float | None:
     return None if value is None else float(value)
+
+
+def device_part(profile: dict, *, path) -> "GPU":
+    """The profile's device as plan train's part when the GPU table does not know it (a CPU, an unlisted
+    GPU): its memory (memory_GB), its measured matmul rates as the peaks MFU divides by, its measured
+    memory bandwidth, no NVLink or network (collectives come from the profile's busbw where measured)."""
+    from lmsys.core.hardware import GPU
+
+    if not profile.get("memory_GB"):
+        raise LmsysError(f"--profile {path}: {profile['device']!r} is not in the GPU table and the profile has no "
+                         "memory_GB (plan calibrate writes it since issue 30): calibrate again, or give --gpu NAME or "
+                         "--cluster FILE.yaml for its memory and links")
+    peaks = {d: float(profile["matmul_tflops"][d]) if d in profile["matmul_tflops"] else None
+             for d in ("bf16", "fp16", "fp32")}
+    source = f"measured by lmsys plan calibrate ({path})"
+    return GPU(name=str(profile["device"]), patterns=(), bf16=peaks["bf16"], fp16=peaks["fp16"], tf32=None,
+               fp32=peaks["fp32"], fp8=None, hbm_GB=float(profile["memory_GB"]), hbm_GBps=float(profile["hbm_GBps"]),
+               nvlink_GBps=0.0, nvlink_gpus=1, pcie_GBps=float(profile.get("intra_GBps") or 0.0), network_GBps=None,
+               sources={k: source for k in ("compute", "memory", "links", "network")})

@@ -232,6 +232,7 @@ def row(plan: Plan) -> dict:
         "activations GiB": mem.activations / GiB,
         "buffers GiB": mem.buffers / GiB,
         "headroom GiB": mem.headroom / GiB,
+        "memory peak": mem.phase,
         "compute ms": st.compute,
         "recompute ms": st.recompute,
         "tp comm ms": st.tp_comm,

@@ -18,9 +18,10 @@ GROUPS = [
 ]
 
 NOTES = [
-    "Memory per GPU on its fullest pipeline stage; headroom = the datasheet's GB - (1 GiB + 5 %) reserve "
-    "(CUDA context, NCCL, fragmentation) - the rest. Activations per Korthikanti et al. 2022, counted tensor "
-    "by tensor (docs/plan.md).",
+    "Memory per GPU on its fullest pipeline stage at the phase of the step where it peaks (memory peak: forward, "
+    "backward start, backward end or optimizer), each term what is alive then (no gradient yet at a first "
+    "forward's end); headroom = the datasheet's GB - (1 GiB + 5 %) reserve (CUDA context, NCCL, fragmentation) "
+    "- the rest. Activations per Korthikanti et al. 2022, counted tensor by tensor (docs/plan.md).",
     "Step time on the slowest GPU; comm = what is not hidden under compute (tensor and pipeline "
     "communication never are); bubble (p-1)/(m+p-1) of a pipeline step (÷ chunks interleaved).",
     "MFU: 6·N·tokens + attention (PaLM convention, causal counted in full) over the peak for the dtype.",
@@ -35,19 +36,22 @@ def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per
             peak_tflops: float | None):
     """(shape, precision, cluster, rates, peak TFLOP/s, peak label) from the command line's options."""
     from lmsys.core.hardware import find_gpu, get_gpu, peak_label
-    from lmsys.plan.profile import load_profile, rates as profile_rates
+    from lmsys.plan.profile import device_part, load_profile, rates as profile_rates
 
     shape = load_shape(size, seq=context_length)
     prof = load_profile(profile) if profile else None
+    measured_peak = False  # the part is the profile's device: MFU divides by its measured matmul rate
     if cluster:
         clu = srch.load_cluster(cluster, gpus=gpus, gpus_per_node=gpus_per_node)
     else:
         name = gpu or (prof["device"] if prof else None)
         if name is None:
             raise LmsysError("give the GPU: --gpu NAME or --cluster FILE.yaml (or a --profile from plan calibrate)")
-        part = get_gpu(name, option="--cluster FILE.yaml") if (gpu or find_gpu(name)) else None
-        if part is None:
-            raise LmsysError(f"the profile's device {name!r} is not in the GPU table; give --gpu or --cluster")
+        if gpu or find_gpu(name):
+            part = get_gpu(name, option="--cluster FILE.yaml")
+        else:  # a CPU or a GPU the table lacks: what the profile measured
+            profile_rates(prof, dtype)  # one line if the profile has no rates for this dtype
+            part, measured_peak = device_part(prof, path=profile), True
         clu = srch.Cluster(part, gpus or 1, gpus_per_node or 8)
     if clu.gpus < 1:
         raise LmsysError(f"--gpus must be >= 1, got {clu.gpus}")
@@ -57,7 +61,10 @@ def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per
     rates = table_rates(clu.gpu, dtype, eff=Efficiency(), peak_tflops=peak)
     if prof is not None:
         rates = profile_rates(prof, dtype, fallback=rates)
-    label = peak_label(clu.gpu.name, dtype, peak) + (" (--peak-tflops)" if peak_tflops is not None else "")
+    label = peak_label(clu.gpu.name, dtype, peak) + (
+        " (--peak-tflops)" if peak_tflops is not None else
+        " (measured matmul rate from the profile: the device is not in the GPU table; --peak-tflops gives a peak)"
+        if measured_peak else "")
     return shape, mem.precision(dtype, master_weights=master_weights), clu, rates, peak, label
 
 
