@@ -426,6 +426,11 @@ def test_recomputation_repeats_host_ops_and_forward_flops_by_hand():
     for c, bwd_ops in (("none", 45), ("selective", 59), ("full", 75)):
         assert st[c].parts["host bwd ms"] == pytest.approx(bwd_ops * 0.1)
         assert st[c].host == pytest.approx(3 * (fwd + bwd_ops * 0.1) + opt)
+    # a calibrated rate for the recomputed ops (the checkpoint's Python with them): 0.3 ms each, the rest 0.1
+    slow_again = replace(rates, launch_us_recompute=300.0)
+    for c, again in (("none", 0), ("selective", 14), ("full", 30)):
+        got = ptime.step_time(m, mem.Layout(microbatches=3, checkpoint=c), prec, slow_again, gpus_per_node=1)
+        assert got.parts["host bwd ms"] == pytest.approx(45 * 0.1 + again * 0.3)
     # device, one block, one micro-batch (s 4, b 1, h 8): matmuls 2·4·576 = 4608 FLOPs, scores 4·1·4²·8 = 512;
     # elementwise 2944 bytes outside the core, 32 B × 32 score elements in it (test_elementwise_bytes_by_hand)
     attn_fwd, core = 512 / 1e9, 1024 / 1e8
@@ -592,6 +597,9 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert prof["elementwise_GBps"] > 0 and prof["optimizer_GBps"] > 0 and prof["host_overlap"] is False
     host = next(row for row in rows if row["what"] == "host, per dispatched op")
     assert prof["launch_us"]["fp32"] == pytest.approx(host["µs/op"]) and host["µs/op"] > 0
+    again = next(row for row in rows if row["what"] == "host, per recomputed op")
+    assert prof["launch_us_recompute"]["fp32"] == pytest.approx(again["µs/op"]) and again["µs/op"] > 0
+    assert profile_rates(prof, "fp32").launch_us_recompute == pytest.approx(again["µs/op"])
     assert prof["ops"]["fp32"]["fwd_layer"] > 20 and prof["ops"]["fp32"]["opt_per_tensor"] > 0  # AdamW, not fused
     # plan train takes the CPU's facts from its profile: its RAM as the capacity, its measured matmul rate
     # as the peak MFU divides by (said in the header), no --gpu needed

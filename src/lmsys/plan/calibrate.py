@@ -98,13 +98,17 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
     profile["host_overlap"] = device.type == "cuda"
     if device.type == "cpu":  # the threads every rate above was measured with (plan validate scales by them)
         profile["threads"] = torch.get_num_threads()
-    profile["launch_us"], profile["ops"] = {}, {}
+    profile["launch_us"], profile["launch_us_recompute"], profile["ops"] = {}, {}, {}
     for dtype in dtypes:
         progress.start_row(f"host {dtype}")
-        us, ops, total = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
-        profile["launch_us"][dtype], profile["ops"][dtype] = us, ops
-        rows.append({"what": "host, per dispatched op", "dtype": dtype, "shape": f"{total} ops a tiny step",
-                     "ms": us * total / 1e3, "µs/op": us})
+        us, us_again, ops, times = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
+        profile["launch_us"][dtype], profile["launch_us_recompute"][dtype], profile["ops"][dtype] = us, us_again, ops
+        rows.append({"what": "host, per dispatched op", "dtype": dtype,
+                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks of a tiny step",
+                     "ms": times["none"], "µs/op": us})
+        rows.append({"what": "host, per recomputed op", "dtype": dtype,
+                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} checkpointed blocks", "ms": times["block"],
+                     "µs/op": us_again})
     if collectives:
         busbw, latency_us, comm_rows = _busbw(device, dtypes[-1], warmup=warmup, steps=steps)
         if busbw:
@@ -248,16 +252,30 @@ class _Count:
         self._mode.__exit__(*exc)
 
 
-def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, dict, int]:
-    """(µs per dispatched op, OpCounts fields, ops a step): a 2-block training step at a tiny width, where
-    the device's work is negligible, timed and divided by the ops it dispatches."""
+HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
+
+
+def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, float, dict, dict]:
+    """(µs per dispatched op, µs per op a recomputed block dispatches again, OpCounts fields, {"none" |
+    "block": ms the extra blocks took}): training steps at a tiny width, where the device's work is
+    negligible, of HOST_BLOCKS blocks, with and without full recomputation. The difference between the two
+    block counts is that many blocks' host time alone, free of what a step runs once (the embedding, the
+    loss, the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the
+    ops those blocks dispatch (and, checkpointed, by the ops recomputation adds)."""
     from lmsys.train.step import run_step
 
-    ops, total = host_ops(m, device=device, dtype=dtype)
-    step, inputs, targets = _tiny_step(m, layers=2, checkpoint="none", device=device, dtype=dtype)
-    ms = time_fn(lambda: run_step(step, inputs, targets), warmup=max(warmup, 2), steps=max(steps, 5),
-                 device=device).median
-    return ms * 1e3 / total, ops, total
+    ops, _ = host_ops(m, device=device, dtype=dtype)
+    ms = {}
+    for checkpoint in ("none", "block"):
+        for layers in HOST_BLOCKS:
+            step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype)
+            ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets), warmup=max(warmup, 3),
+                                             steps=max(steps, 20), device=device).median
+    blocks = HOST_BLOCKS[1] - HOST_BLOCKS[0]
+    extra = {c: ms[c, HOST_BLOCKS[1]] - ms[c, HOST_BLOCKS[0]] for c in ("none", "block")}
+    us = max(extra["none"] * 1e3 / (blocks * (ops["fwd_layer"] + ops["bwd_layer"])), 0.1)
+    us_again = max((extra["block"] - extra["none"]) * 1e3 / (blocks * ops["recompute_layer"]), 0.1)
+    return us, us_again, ops, extra
 
 
 def _attention(m: ModelShape, *, device, dt, batch: int, warmup: int, steps: int):

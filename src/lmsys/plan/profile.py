@@ -4,7 +4,8 @@ Keys: device (its name), memory_GB (its memory: a GPU's, or a CPU host's RAM), m
 ({world size: {bytes: all-reduce busbw GB/s}}: nccl on GPUs, gloo on a CPU) and latency_us (the smallest
 all-reduce's time) where measured, and intra_GBps / inter_GBps when known; elementwise_GBps and
 optimizer_GBps, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
-launch_us ({dtype: µs per dispatched op}) and ops ({dtype: OpCounts' fields}) where calibrated (an older
+launch_us ({dtype: µs per dispatched op}), launch_us_recompute ({dtype: µs per op a recomputed block
+dispatches again, the checkpoint's Python included}) and ops ({dtype: OpCounts' fields}) where calibrated (an older
 profile without them: the HBM rate and the defaults). `rates` turns a profile into the time model's Rates
 for one dtype. Torch-free.
 """
@@ -70,6 +71,7 @@ def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
                  elementwise_GBps=_number(profile.get("elementwise_GBps")),
                  optimizer_GBps=_number(profile.get("optimizer_GBps")),
                  launch_us=float((profile.get("launch_us") or {}).get(dtype, Rates.launch_us)),
+                 launch_us_recompute=_number((profile.get("launch_us_recompute") or {}).get(dtype)),
                  overlap=bool(profile.get("host_overlap", True)),
                  ops=OpCounts(**{k: float(v) for k, v in ((profile.get("ops") or {}).get(dtype) or {}).items()
                                  if k in OpCounts.__dataclass_fields__}))

@@ -29,7 +29,8 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   optimizer rate (calibrated: the AdamW this machine runs; else the HBM rate).
 - Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
   `launch_us` of host time; recomputation dispatches the recomputed ops again in the backward (full:
-  the block's forward; selective: the attention core's). On a GPU the host queues ahead of the device: each phase (a micro-batch's
+  the block's forward; selective: the attention core's), each costing `launch_us_recompute` (with the
+  checkpoint's own Python around them; calibrated apart, else `launch_us`). On a GPU the host queues ahead of the device: each phase (a micro-batch's
   forward, its backward, the optimizer) takes max(device, host), and what the host adds is the `host`
   term. On a CPU the host is the device: the host time adds in full.
 Torch-free.
@@ -88,6 +89,7 @@ class Rates:
     elementwise_GBps: float | None = None  # elementwise kernels at activation sizes (None: hbm_GBps)
     optimizer_GBps: float | None = None  # AdamW's optimizer_bytes per parameter (None: hbm_GBps)
     launch_us: float = 10.0  # host time per dispatched op
+    launch_us_recompute: float | None = None  # ... per op a recomputed block dispatches again (None: launch_us)
     overlap: bool = True  # the host queues ahead of the device (a GPU); False: one after the other (a CPU)
     ops: OpCounts = OpCounts()
 
@@ -211,10 +213,11 @@ def host_ms(m: ModelShape, lay: Layout, rates: Rates, *, tensors: int) -> tuple[
     over `tensors` parameter tensors: dispatched ops × launch_us. Recomputation dispatches its ops again
     in the backward of every block: the whole forward (full) or the attention core's (selective)."""
     ops, us = rates.ops, rates.launch_us / 1e3
+    us_again = (rates.launch_us if rates.launch_us_recompute is None else rates.launch_us_recompute) / 1e3
     layers = m.layers / lay.pp
     again = {"none": 0.0, "selective": ops.recompute_core, "full": ops.recompute_layer}[lay.checkpoint]
     fwd = (layers * ops.fwd_layer + ops.fwd_other) * us
-    bwd = (layers * (ops.bwd_layer + again) + ops.bwd_other) * us
+    bwd = (layers * ops.bwd_layer + ops.bwd_other) * us + layers * again * us_again
     return fwd, bwd, (ops.opt_base + ops.opt_per_tensor * tensors) * us
 
 
