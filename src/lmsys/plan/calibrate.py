@@ -104,7 +104,7 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
         us, us_again, ops, times = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
         profile["launch_us"][dtype], profile["launch_us_recompute"][dtype], profile["ops"][dtype] = us, us_again, ops
         rows.append({"what": "host, per dispatched op", "dtype": dtype,
-                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks of a tiny step",
+                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks, {HOST_SEQ if device.type == 'cuda' else 8} tokens",
                      "ms": times["none"], "µs/op": us})
         rows.append({"what": "host, per recomputed op", "dtype": dtype,
                      "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} checkpointed blocks", "ms": times["block"],
@@ -204,7 +204,13 @@ def _core_ops(m: ModelShape, *, device, dtype: str) -> int:
     return counts[1] - counts[0]
 
 
-def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str):
+HOST_SEQ = 16  # the host twin's sequence length: the device's work stays negligible beside the host's
+
+
+def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str, width: str = "tiny"):
+    """bench e2e's plain step of `layers` blocks of `m`'s kind (attention, kv heads) at batch 1: "tiny"
+    (16 wide, 8 tokens: counting ops) or "model" (`m`'s width and heads, HOST_SEQ tokens, a 32-token
+    vocabulary: the host's cost of the model's own ops, tensors of its sizes)."""
     from lmsys.bench import e2e
     from lmsys.model.config import ModelConfig
     from lmsys.train.build import build_train_step
@@ -212,9 +218,14 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
 
     options = plain_step_options(device, dtype)
     options.pop("attn_impl")
-    cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
-                      attn_impl="naive" if m.attention == "naive" else "sdpa",
-                      num_kv_heads=1 if m.kv_heads != m.heads else None)
+    attn_impl = "naive" if m.attention == "naive" else "sdpa"
+    if width == "model":
+        cfg = ModelConfig(d_model=m.d_model, d_ff=m.d_ff, num_layers=layers, num_heads=m.heads, vocab_size=32,
+                          context_length=HOST_SEQ, attn_impl=attn_impl,
+                          num_kv_heads=m.kv_heads if m.kv_heads != m.heads else None)
+    else:
+        cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
+                          attn_impl=attn_impl, num_kv_heads=1 if m.kv_heads != m.heads else None)
     (_, workload), = e2e.resolve_workloads([("tiny", cfg)], checkpoints=[checkpoint], batch_size=1, dtype=dtype,
                                           cuda_graphs=False, **options)
     step = build_train_step(workload, device)
@@ -261,16 +272,22 @@ def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tupl
     negligible, of HOST_BLOCKS blocks, with and without full recomputation. The difference between the two
     block counts is that many blocks' host time alone, free of what a step runs once (the embedding, the
     loss, the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the
-    ops those blocks dispatch (and, checkpointed, by the ops recomputation adds)."""
+    ops those blocks dispatch (and, checkpointed, by the ops recomputation adds). Forward and backward
+    only; on a GPU at the model's width (`_tiny_step`'s "model")."""
     from lmsys.train.step import run_step
 
     ops, _ = host_ops(m, device=device, dtype=dtype)
+    # on a GPU the twin has the model's width (its tensors' sizes, which the allocator and the launches see)
+    # and few tokens; on a CPU, where the host computes too, the tiny width
+    width = "model" if device.type == "cuda" else "tiny"
     ms = {}
     for checkpoint in ("none", "block"):
         for layers in HOST_BLOCKS:
-            step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype)
-            ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets), warmup=max(warmup, 3),
-                                             steps=max(steps, 20), device=device).median
+            step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype,
+                                               width=width)
+            # forward and backward: the optimizer's device time would grow with the blocks too
+            ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets, mode="fwd-bwd"),
+                                             warmup=max(warmup, 3), steps=max(steps, 20), device=device).median
     blocks = HOST_BLOCKS[1] - HOST_BLOCKS[0]
     extra = {c: ms[c, HOST_BLOCKS[1]] - ms[c, HOST_BLOCKS[0]] for c in ("none", "block")}
     us = max(extra["none"] * 1e3 / (blocks * (ops["fwd_layer"] + ops["bwd_layer"])), 0.1)
