@@ -391,6 +391,17 @@ def test_optimizer_and_host_terms_by_hand():
     slow = ptime.step_time(SMALL, lay, prec, _rates(matmul_tflops=1e-6, launch_us=100.0, ops=ops,
                                                     optimizer_GBps=1e-4), gpus_per_node=1)
     assert slow.host == 0.0
+    # host-bound forward and backward, a device-bound optimizer (10 ms): one stage, so the host's launches of
+    # the next forward run under the optimizer: the step is the longer total, not the sum of per-phase maxima
+    mixed = ptime.step_time(SMALL, lay, prec, _rates(launch_us=100.0, ops=ops, optimizer_GBps=2792 * 28 / 1e-2 / 1e9),
+                            gpus_per_node=1)
+    assert mixed.optimizer == pytest.approx(10.0)
+    assert mixed.total == pytest.approx(max(fwd + bwd + opt, mixed.compute + mixed.recompute + 10.0))
+    # stages pace each other per micro-batch: there each phase is max(device, host), the optimizer's too
+    staged = ptime.step_time(SMALL, mem.Layout(checkpoint="full", pp=2, microbatches=2), prec,
+                             _rates(launch_us=100.0, ops=ops, optimizer_GBps=2792 * 28 / 1e-2 / 1e9), gpus_per_node=2)
+    assert staged.host == pytest.approx(2 * (staged.parts["host fwd ms"] + staged.parts["host bwd ms"])
+                                        - staged.compute - staged.recompute, rel=1e-6)
 
 
 def test_collective_times_from_measured_points_and_from_the_table():

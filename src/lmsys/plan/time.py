@@ -30,9 +30,12 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
 - Host: eager PyTorch dispatches a fixed number of ops per block per phase (`OpCounts`), each costing
   `launch_us` of host time; recomputation dispatches the recomputed ops again in the backward (full:
   the block's forward; selective: the attention core's), each costing `launch_us_recompute` (with the
-  checkpoint's own Python around them; calibrated apart, else `launch_us`). On a GPU the host queues ahead of the device: each phase (a micro-batch's
-  forward, its backward, the optimizer) takes max(device, host), and what the host adds is the `host`
-  term. On a CPU the host is the device: the host time adds in full.
+  checkpoint's own Python around them; calibrated apart, else `launch_us`). On a GPU the host queues
+  ahead of the device: with one pipeline stage across the whole step (nothing synchronises inside it, so
+  a device-bound optimizer hides the next forward's launches), the step takes the longer of the host's
+  total and the device's; with stages, which pace each other by micro-batch, each phase (a micro-batch's
+  forward, its backward, the optimizer) takes max(device, host). What the host adds is the `host` term.
+  On a CPU the host is the device: the host time adds in full.
 Torch-free.
 """
 
@@ -319,7 +322,14 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
             dp_comm = mbs * (max(0.0, params - fwd_mb) + max(0.0, params + grads - bwd_mb))
     shard = lay.dp if lay.zero >= 1 else 1
     optimizer = n / shard * optimizer_bytes(prec) / opt_rate
-    host = mbs * host_mb + (max(0.0, host_opt - optimizer) if rates.overlap else host_opt)
+    if not rates.overlap:  # a CPU: the host is the device
+        host = mbs * host_mb + host_opt
+    elif p == 1:  # one stage: the host queues ahead across phases (a device-bound optimizer hides the next
+        # forward's launches), so the step takes the longer of the two totals
+        device = compute + recompute_ms + tp_comm + dp_comm + optimizer
+        host = max(0.0, mbs * (host_fwd + host_bwd) + host_opt - device)
+    else:  # stages pace each other by micro-batch: per phase
+        host = mbs * host_mb + max(0.0, host_opt - optimizer)
 
     flops = flops_per_token(m) * s * lay.global_batch
     parts = {"fwd block ms": fwd, "bwd block ms": bwd, "tp per block ms": tp_block, "head ms": head,
