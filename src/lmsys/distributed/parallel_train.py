@@ -32,11 +32,10 @@ from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
 from lmsys.distributed.pipeline import ideal_bubble
-from lmsys.distributed.train import BatchSource, _to, mfu_percent
+from lmsys.distributed.train import BatchSource, _to, mfu_percent, train_loop
 from lmsys.model import describe
 from lmsys.model.config import get_config
-from lmsys.train import TrainStep, build_model, run_step
-from lmsys.train.step import no_range
+from lmsys.train import build_model
 from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
@@ -105,10 +104,10 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
 
 
 def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple[dict, Optional[tuple]]:
-    """One process on the full global batch, with bench e2e's step (TrainStep, run_step, the AdamW the mesh
-    rows use), timed as they are (the one timer, a "step" region per step from `warmup` on, nothing
-    synchronised inside or between steps, the batches on the device first): (its row, (median ms/step,
-    losses per step, parameters on the host)); a caught OOM gives an OOM row and no reference."""
+    """One process on the full global batch, with bench e2e's step (`train_loop`: TrainStep, run_step, the
+    one timer's regions from `warmup` on, nothing synchronised inside or between steps; the AdamW the mesh
+    rows use; the batches on the device first): (its row, (median ms/step, losses per step, parameters on
+    the host)); a caught OOM gives an OOM row and no reference."""
     from lmsys.core.devices import is_oom, oom_row
 
     free_memory(ctx.device)
@@ -117,15 +116,8 @@ def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple
     try:
         model = build_model(config, device=ctx.device, seed=seed)
         optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))
-        step = TrainStep(model, optimizer, device=ctx.device, dtype=dtype)
-        timer, losses = RegionTimer(ctx.device), []
-        progress.plan_steps(total)
-        for i, (inputs, targets) in enumerate(batches):
-            if i == warmup:
-                synchronize(ctx.device)
-            losses.append(run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range,
-                                   names={"step": "step"}))
-            progress.step()
+        losses: list = []
+        timer = train_loop(model, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup, losses=losses)
         ms = statistics.median(timer.samples("step"))
         peak = peak_memory(ctx.device)
         losses = torch.stack(losses).double().tolist()  # one copy to the host, after the timed steps
@@ -137,7 +129,7 @@ def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple
         return oom_row("OOM (the full global batch on one device)", ROW_KEYS, impl="1 process", mesh="-",
                        **{"dp strategy": "-", "schedule": "-"}), None
     finally:
-        step = model = optimizer = batches = None
+        model = optimizer = batches = None
         free_memory(ctx.device)
     tokens = source.global_batch * config.context_length
     row = dict.fromkeys(ROW_KEYS)

@@ -182,11 +182,12 @@ def _to(batch, device):
 
 
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
-               on_first_grads=None, tracker=None) -> RegionTimer:
+               on_first_grads=None, tracker=None, losses: Optional[list] = None) -> RegionTimer:
     """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). `before` and
     `after_backward` default to the model's on_train_batch_start / finish_gradient_synchronization;
     `on_first_grads()` runs once, after the first step's backward and gradient synchronisation. With
-    `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase."""
+    `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase. `losses`: each
+    step's detached loss is appended (on the device: nothing synchronises)."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
     timer = RegionTimer(device)
     names = {**TIMER_NAMES, "after_backward": "comm wait"}
@@ -202,8 +203,10 @@ def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, be
                 if after_backward is not None:
                     after_backward()
                 on_first_grads()
-        run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
-                 before=before, after_backward=after)
+        loss = run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
+                        before=before, after_backward=after)
+        if losses is not None:
+            losses.append(loss)
         progress.step()
     synchronize(device)
     return timer

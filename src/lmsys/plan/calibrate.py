@@ -268,24 +268,22 @@ HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host r
 
 def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, float, dict, dict]:
     """(µs per dispatched op, µs per op a recomputed block dispatches again, OpCounts fields, {"none" |
-    "block": ms the extra blocks took}): training steps at a tiny width, where the device's work is
-    negligible, of HOST_BLOCKS blocks, with and without full recomputation. The difference between the two
-    block counts is that many blocks' host time alone, free of what a step runs once (the embedding, the
-    loss, the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the
-    ops those blocks dispatch (and, checkpointed, by the ops recomputation adds). Forward and backward
-    only; on a GPU at the model's width (`_tiny_step`'s "model")."""
+    "block": ms the extra blocks took}): forward and backward of twins of the model with HOST_BLOCKS blocks,
+    with and without full recomputation, where the device's work is negligible (on a GPU: the model's width,
+    HOST_SEQ tokens; on a CPU, which computes too: the tiny width). The difference between the two block
+    counts is that many blocks' host time alone, free of what a step runs once (the embedding, the loss,
+    the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the ops
+    those blocks dispatch (and, checkpointed, by the ops recomputation adds)."""
     from lmsys.train.step import run_step
 
     ops, _ = host_ops(m, device=device, dtype=dtype)
-    # on a GPU the twin has the model's width (its tensors' sizes, which the allocator and the launches see)
-    # and few tokens; on a CPU, where the host computes too, the tiny width
     width = "model" if device.type == "cuda" else "tiny"
     ms = {}
     for checkpoint in ("none", "block"):
         for layers in HOST_BLOCKS:
             step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype,
                                                width=width)
-            # forward and backward: the optimizer's device time would grow with the blocks too
+            # no optimizer: its device time would grow with the blocks too
             ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets, mode="fwd-bwd"),
                                              warmup=max(warmup, 3), steps=max(steps, 20), device=device).median
     blocks = HOST_BLOCKS[1] - HOST_BLOCKS[0]
