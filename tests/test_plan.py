@@ -404,6 +404,41 @@ def test_optimizer_and_host_terms_by_hand():
                                         - staged.compute - staged.recompute, rel=1e-6)
 
 
+def test_matmul_rates_by_shape_by_hand():
+    from lmsys.plan.shape import block_gemms, head_gemm, layer_matmul_params
+
+    # SMALL at b 1, s 4: QKV 4×8·8×16 (Q 8 + K, V one head of 4 each), out 4×8·8×8, gate and up 4×8·8×16,
+    # down 4×16·16×8, head 4×8·8×100; their FLOPs are the block's 2·tokens·matmul weights
+    gemms = block_gemms(SMALL, tokens=4)
+    assert gemms == [("QKV", 4, 8, 16), ("attention out", 4, 8, 8), ("MLP gate", 4, 8, 16), ("MLP up", 4, 8, 16),
+                     ("MLP out", 4, 16, 8)]
+    assert sum(2 * M * K * N for _, M, K, N in gemms) == 2 * 4 * layer_matmul_params(SMALL)
+    assert block_gemms(SMALL, tokens=4, tp=2)[:2] == [("QKV", 4, 8, 8), ("attention out", 4, 4, 8)]
+    assert head_gemm(SMALL, tokens=4, tp=2) == ("LM head", 4, 8, 50)
+    # rates by shape: each matmul at its nearest measured shape (log space), forward and backward apart;
+    # none measured: the one matmul rate
+    flat = _rates(matmul_tflops=2.0)
+    shaped = _rates(matmul_tflops=2.0, gemm=((4, 8, 16, 1.0, 4.0), (4, 16, 8, 0.5, 0.5), (4, 8, 100, 2.0, 2.0)))
+    assert flat.matmul_ms(4, 8, 16) == pytest.approx(2 * 4 * 8 * 16 / 2e9)
+    assert shaped.matmul_ms(4, 8, 16) == pytest.approx(2 * 4 * 8 * 16 / 1e9)
+    assert shaped.matmul_ms(4, 8, 16, backward=True) == pytest.approx(4 * 4 * 8 * 16 / 4e9)
+    assert shaped.matmul_ms(4, 8, 8) == pytest.approx(2 * 4 * 8 * 8 / 1e9)  # nearest: 4×8·8×16
+    assert shaped.matmul_ms(4, 16, 8) == pytest.approx(2 * 4 * 16 * 8 / 0.5e9)
+    prec, lay = mem.PRECISIONS["fp32"], mem.Layout()
+    a, b = (ptime.step_time(SMALL, lay, prec, r, gpus_per_node=1) for r in (flat, shaped))
+    expect = sum(shaped.matmul_ms(M, K, N) - flat.matmul_ms(M, K, N) for _, M, K, N in gemms)
+    assert a.parts["fwd block ms"] + expect == pytest.approx(b.parts["fwd block ms"])
+    expect = sum(shaped.matmul_ms(M, K, N, backward=True) - flat.matmul_ms(M, K, N, backward=True) for _, M, K, N in gemms)
+    assert a.parts["bwd block ms"] + expect == pytest.approx(b.parts["bwd block ms"])
+    # s×s products (naive attention): QKᵀ and ·V over batch × heads at the nearest measured shape
+    naive = replace(SMALL, attention="naive")
+    scored = replace(flat, scores=((2, 4, 4, 0.25, 0.5),))
+    c, d = (ptime.step_time(naive, lay, prec, r, gpus_per_node=1) for r in (flat, scored))
+    fwd_flops = 4 * 2 * 4 * 4 * 4  # 2 products of 2·s·s·d over 2 heads
+    assert d.parts["fwd block ms"] - c.parts["fwd block ms"] == pytest.approx(fwd_flops / 0.25e9 - fwd_flops / 2e9)
+    assert d.parts["bwd block ms"] - c.parts["bwd block ms"] == pytest.approx(2 * fwd_flops / 0.5e9 - 2 * fwd_flops / 2e9)
+
+
 def test_collective_times_from_measured_points_and_from_the_table():
     # measured all-reduce busbw on 2 ranks at 1 KiB and 1 MiB: t = bytes · 2(n-1)/n / busbw = bytes / busbw
     measured = _rates(busbw={2: {1024: 1024 / 1e6, 2**20: 2**20 / 4e6}}, latency_us=50.0)  # 1 ms, 4 ms
@@ -577,14 +612,26 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     import yaml
 
     model = tmp_path / "micro.yaml"
-    model.write_text("d_model: 32\nd_ff: 64\nnum_layers: 1\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n")
+    model.write_text("d_model: 32\nd_ff: 64\nnum_layers: 1\nnum_heads: 2\nvocab_size: 80\ncontext_length: 32\n")
     profile = tmp_path / "cpu.yaml"
     r = lmsys("plan", "calibrate", "--size", str(model), "--device", "cpu", "--profile", str(profile),
               "--warmup", "0", "--steps", "2", "--format", "json")
     assert r.code == 0, r.err
     prof, rows = yaml.safe_load(profile.read_text()), json.loads(r.out)["rows"]
+    # the model's matmuls as it runs them (QKV, output, SwiGLU's gate and up of one shape, down, LM head),
+    # forward and backward apart, each shape in the profile with both rates
     matmuls = [row for row in rows if row["what"].startswith("matmul")]
-    assert len(matmuls) == 5
+    assert [row["what"] for row in matmuls[::2]] == ["matmul QKV", "matmul attention out", "matmul MLP gate / MLP up",
+                                                     "matmul MLP out", "matmul LM head"]
+    assert all(row["what"] == fwd["what"] + " backward" for fwd, row in zip(matmuls[::2], matmuls[1::2]))
+    assert [point[:3] for point in prof["gemm_tflops"]["fp32"]] == [[32, 32, 96], [32, 32, 32], [32, 32, 64],
+                                                                    [32, 64, 32], [32, 32, 80]]
+    for (M, K, N, fwd, bwd), row, back in zip(prof["gemm_tflops"]["fp32"], matmuls[::2], matmuls[1::2]):
+        assert fwd == pytest.approx(2 * M * K * N / row["ms"] / 1e9) == pytest.approx(row["TFLOP/s"])
+        assert bwd == pytest.approx(4 * M * K * N / back["ms"] / 1e9) == pytest.approx(back["TFLOP/s"])
+    # naive attention: its s×s products timed at the model's heads, sequence and head size
+    (point,) = prof["scores_tflops"]["fp32"]
+    assert point[:3] == [2, 32, 16] and min(point[3:]) > 0
     # all-reduce on 2 gloo processes through lmsys.bench.comm's job: every size, positive; the latency is the
     # smallest size's time; busbw grows from 1 KiB (latency-bound) to 4 MiB
     from lmsys.plan.calibrate import CPU_BUSBW_SIZES

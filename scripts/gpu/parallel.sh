@@ -5,8 +5,9 @@
 #               `1 process` row is bench e2e's step in the same process, `× 1 process` the ratio (issue 29:
 #               within 5 %); REPS=N repeats it (default 3: medians, the host-bound step moves by ±10 %)
 #   degenerate-nsys  the same pair under nsys (kernel and CUDA API summaries as CSV: what differs)
-#   plan        one GPU: plan calibrate (xl's GEMM shapes, fp32 and bf16), then plan validate over
-#               small..2.7b (PLAN_SIZES), fp32 and bf16, with and without checkpointing (issue 30: within 10 %)
+#   plan        one GPU: plan calibrate (the matmul shapes of xl and of PLAN_SIZES, fp32 and bf16; the host twin
+#               at xl's width), then PLAN_REPS (default 2) runs of plan validate over small..2.7b (PLAN_SIZES),
+#               fp32 and bf16, with and without checkpointing, 10 timed steps a row (issue 30: within 10 %)
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
 #   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
 #   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
@@ -38,9 +39,12 @@ if part degenerate-nsys; then  # the same pair under nsys: kernels (with instanc
   done
 fi
 if part plan; then
-  T=120 X python3 -m lmsys plan calibrate --size xl --dtype fp32,bf16 --profile "$OUT/h200.yaml" -f md \
+  SIZES=${PLAN_SIZES:-small,medium,large,xl,2.7b}
+  T=180 X python3 -m lmsys plan calibrate --size "xl,$SIZES" --dtype fp32,bf16 --profile "$OUT/gpu.yaml" -f md \
     >> "$OUT/plan.md"
-  T=400 run plan.md plan validate --profile "$OUT/h200.yaml" --size "${PLAN_SIZES:-small,medium,large,xl,2.7b}"
+  for i in $(seq "${PLAN_REPS:-2}"); do
+    T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --warmup 2 --steps 10
+  done
 fi
 # xl has 25 heads, which tp=2 does not divide: the multi-GPU parts take xl with 20 (scripts/gpu/xl-h20.yaml)
 W2="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"

@@ -363,7 +363,7 @@ def _add_speedups(group: list[dict], references: list[dict]) -> None:
 
 
 def _cell(stats) -> MeanStd | None:
-    return None if stats is None else MeanStd(stats.mean, stats.std)
+    return None if stats is None else MeanStd(stats.mean, stats.std, stats.median)
 
 
 def _max(a, b):

@@ -67,7 +67,7 @@ def train(
 
 @app.command("calibrate")
 def calibrate(
-    size: Annotated[str, typer.Option(help="The one model whose GEMM and attention shapes are timed (a preset or .yaml, as plan train).")] = "tiny",
+    size: Annotated[str, typer.Option(help="The models whose matmul and attention shapes are timed: presets or .yaml files (as plan train), comma list; the first one's width sizes the host twin.")] = "tiny",
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list of fp32, bf16, fp16 (default: fp32 on a CPU, fp32,bf16 on a GPU).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per timed matmul and attention call (one value).")] = 1,
     warmup: Annotated[int, typer.Option(help="Untimed calls first.")] = 2,
@@ -90,7 +90,7 @@ def calibrate(
 
     from lmsys.plan.shape import load_shape
 
-    shape = load_shape(size)
+    shapes = [load_shape(name) for name in dict.fromkeys(parse_list(size, str, what="--size"))]
 
     from lmsys.core.devices import check_dtype_for_device, environment, resolve_device
     from lmsys.plan.calibrate import calibrate as run
@@ -103,7 +103,7 @@ def calibrate(
     from lmsys.core import progress
 
     with progress.display("plan calibrate"):
-        prof, rows = run(shape, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
+        prof, rows = run(shapes, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
     save_profile(prof, profile)
     notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
     if "busbw" not in prof:
@@ -112,7 +112,7 @@ def calibrate(
         notes.append(f"all-reduce rows: GB/s is busbw (nccl-tests: algbw · 2(n−1)/n), through the job `lmsys comm "
                      f"all-reduce` runs; latency_us = the smallest size's median time, {prof['latency_us']:.1f} µs. "
                      "plan train and validate take collective times from these points.")
-    emit(Report("plan calibrate", rows, {**environment(dev), "model": shape.describe()}, notes), format, output)
+    emit(Report("plan calibrate", rows, {**environment(dev), "model": "; ".join(shape.describe() for shape in shapes)}, notes), format, output)
 
 
 @app.command("validate")
@@ -196,7 +196,9 @@ def validate(
                                            warmup=warmup, steps=steps, device=dev, profile=prof,
                                            context_length=context_length, mesh_plan=mesh_plan)
     meta = {**environment(dev), "profile": f"{profile} ({prof['device']})"}
-    reports = [Report("plan validate", e2e_rows, meta, _error_notes(val.summary(e2e_rows), memory_here=dev.type == "cuda"))]
+    reports = [Report("plan validate", e2e_rows, meta, _error_notes(val.summary(e2e_rows), memory_here=dev.type == "cuda")
+                      + [f"measured: bench e2e's train step, the median of {steps} timed steps after {warmup} warm-up; "
+                         "peak memory over the step."])]
     if mesh_plan is not None:
         mp = mesh_plan
         run = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "

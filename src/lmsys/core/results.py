@@ -32,10 +32,12 @@ NOT_MEASURED = "n/m"
 
 @dataclass(frozen=True)
 class MeanStd:
-    """A timing cell: shown as 'mean ± std', expanded into two columns in CSV and JSON."""
+    """A timing cell: shown as 'mean ± std', expanded into two columns in CSV and JSON. `median`, where the
+    samples were kept, is for callers that hold a prediction against the cell (plan validate); not shown."""
 
     mean: float
     std: float
+    median: float | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         mean = _fmt(self.mean)

@@ -1,15 +1,14 @@
-"""`plan calibrate` and `plan validate`: measure this machine's rates, and hold predictions against runs.
+"""`plan calibrate`: measure this machine's rates into a profile that plan train and plan validate predict with.
 
-Calibration times, with lmsys.core.timing's timer: the model's GEMM shapes per dtype (TFLOP/s over all of
-them), attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's naive
-attention, SDPA otherwise), a large copy (HBM or RAM bandwidth), an elementwise multiply at the model's
-activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (the ops of a training
-step of lmsys's model at a tiny width, counted with a dispatch mode, timed, divided), and the all-reduce
-busbw per size and world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the
-one launcher): with nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a
-CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency. Validation (plan/validate.py)
-predicts with the profile.
-"""
+Timed with lmsys.core.timing's timer, per dtype: each model's matmuls as the model runs them, forward and
+backward apart (on a GPU a CUDA graph of repeats: the device's time alone), materialized attention's s×s
+products, attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's
+naive attention, SDPA otherwise); a large copy (HBM or RAM bandwidth), an elementwise multiply at the
+model's activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
+model with 2 and 6 blocks, their ops counted with a dispatch mode), and the all-reduce busbw per size and
+world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the one launcher): with
+nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a CPU (a few sizes,
+1 KiB to 4 MiB); the smallest size's time is the latency."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from lmsys.core.parsing import MiB
 from lmsys.core import progress
 from lmsys.core.timing import time_fn
 from lmsys.plan.memory import PRECISIONS
-from lmsys.plan.shape import ModelShape
+from lmsys.plan.shape import ModelShape, block_gemms, head_gemm
 from lmsys.plan.time import optimizer_bytes
 
 # all-reduce sizes: on GPUs (nccl), and on a CPU (gloo, 2 processes: a few, so it stays quick); the first is
@@ -27,52 +26,75 @@ BUSBW_SIZES = (2**10, 2**20, 2**23, 2**26, 2**28)
 CPU_BUSBW_SIZES = (2**10, 2**14, 2**18, 2**22)
 
 
-def gemm_shapes(m: ModelShape, *, tokens: int) -> list[tuple[str, int, int, int]]:
-    """(name, M, K, N) of the block's and the head's matmuls for `tokens` rows."""
-    h = m.d_model
-    up = (3 if m.mlp == "swiglu" else 2) - 1
-    return [("QKV", tokens, h, h + 2 * m.kv_dim), ("attention out", tokens, h, h), ("MLP in", tokens, h, up * m.d_ff),
-            ("MLP out", tokens, m.d_ff, h), ("LM head", tokens, h, m.vocab)]
-
-
-def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
+def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
               collectives: bool | None = None) -> tuple[dict, list[dict]]:
-    """(profile, rows): the rates the time model uses, and one row per measurement. `collectives`: also
-    the all-reduce busbw and latency (None: on a CPU, and on a GPU where 2 or more are visible); the
-    profile has "busbw" and "latency_us" when measured."""
+    """(profile, rows): the rates the time model uses, and one row per measurement. `models`: one
+    ModelShape or several; each one's matmul and attention shapes are timed, and the first one's width
+    sizes the host twin and the elementwise multiply. `collectives`: also the all-reduce busbw and latency
+    (None: on a CPU, and on a GPU where 2 or more are visible); the profile has "busbw" and "latency_us"
+    when measured."""
     import torch
 
+    models = [models] if isinstance(models, ModelShape) else list(models)
+    m = models[0]
     if collectives is None:
         collectives = torch.device(device).type != "cuda" or torch.cuda.device_count() >= 2
 
     from lmsys.core.devices import device_name, torch_dtype
 
     rows: list[dict] = []
-    profile: dict = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}}
+    profile: dict = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}, "gemm_tflops": {}}
     memory_GB = device_memory_GB(device)
     if memory_GB is not None:  # plan train's capacity for a device the GPU table does not know (a CPU)
         profile["memory_GB"] = memory_GB
     tokens = batch_size * m.seq
-    progress.plan_rows(len(dtypes) * (len(gemm_shapes(m, tokens=tokens)) + 2) + 3)  # + all-reduce when measured
+    shapes = {model.name: _matmul_shapes(model, tokens=batch_size * model.seq) for model in models}
+    naive = [model for model in models if model.attention != "flash"]
+    progress.plan_rows(len(dtypes) * (sum(map(len, shapes.values())) + len(naive) + len(models) + 1) + 3)
     for dtype in dtypes:
         dt = torch_dtype(dtype)
         total_flops = total_ms = 0.0
-        for name, M, K, N in gemm_shapes(m, tokens=tokens):
-            progress.start_row(f"matmul {name} {dtype}")
-            a = torch.randn(M, K, device=device, dtype=dt)
-            b = torch.randn(K, N, device=device, dtype=dt)
-            ms = time_fn(lambda: a @ b, warmup=warmup, steps=steps, device=device).median
-            flops = 2.0 * M * K * N
-            total_flops, total_ms = total_flops + flops, total_ms + ms
-            rows.append({"what": f"matmul {name}", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}",
-                         "ms": ms, "TFLOP/s": flops / (ms * 1e-3) / 1e12})
-        profile["matmul_tflops"][dtype] = total_flops / (total_ms * 1e-3) / 1e12
-        progress.start_row(f"attention {dtype}")
-        ms, flops, label = _attention(m, device=device, dt=dt, batch=batch_size, warmup=warmup, steps=steps)
-        profile["attention_tflops"][dtype] = flops / (ms * 1e-3) / 1e12
-        rows.append({"what": f"attention {label} fwd+bwd", "dtype": dtype,
-                     "shape": f"b{batch_size} h{m.heads} s{m.seq} d{m.d_head}", "ms": ms,
-                     "TFLOP/s": profile["attention_tflops"][dtype]})
+        points: dict = {}
+        for model in models:
+            tag = f" ({model.name})" if len(models) > 1 else ""
+            for (M, K, N), names in shapes[model.name].items():
+                progress.start_row(f"matmul {names}{tag} {dtype}")
+                fwd_ms, bwd_ms = _linear_ms(M, K, N, device=device, dt=dt, warmup=warmup, steps=steps)
+                flops = 2.0 * M * K * N
+                points[M, K, N] = [M, K, N, flops / fwd_ms / 1e9, 2 * flops / bwd_ms / 1e9]
+                total_flops, total_ms = total_flops + 3 * flops, total_ms + fwd_ms + bwd_ms
+                rows += [{"what": f"matmul {names}{tag}", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}", "ms": fwd_ms,
+                          "TFLOP/s": points[M, K, N][3]},
+                         {"what": f"matmul {names}{tag} backward", "dtype": dtype,
+                          "shape": f"{M}×{N}·{N}×{K}, {N}×{M}·{M}×{K}", "ms": bwd_ms, "TFLOP/s": points[M, K, N][4]}]
+        profile["gemm_tflops"][dtype] = list(points.values())
+        profile["matmul_tflops"][dtype] = total_flops / total_ms / 1e9
+        scores: dict = {}
+        for model in naive:
+            progress.start_row(f"s×s products ({model.name}) {dtype}")
+            heads = batch_size * model.heads
+            if (heads, model.seq, model.d_head) in scores:
+                continue
+            fwd_ms, bwd_ms = _scores_ms(heads, model.seq, model.d_head, device=device, dt=dt, warmup=warmup, steps=steps)
+            flops = 4.0 * heads * model.seq ** 2 * model.d_head
+            scores[heads, model.seq, model.d_head] = [heads, model.seq, model.d_head, flops / fwd_ms / 1e9,
+                                                      2 * flops / bwd_ms / 1e9]
+            shape = f"b{batch_size} h{model.heads} s{model.seq} d{model.d_head}"
+            rows += [{"what": f"attention s×s products (QKᵀ, ·V) ({model.name})", "dtype": dtype, "shape": shape,
+                      "ms": fwd_ms, "TFLOP/s": flops / fwd_ms / 1e9},
+                     {"what": f"attention s×s products backward ({model.name})", "dtype": dtype, "shape": shape,
+                      "ms": bwd_ms, "TFLOP/s": 2 * flops / bwd_ms / 1e9}]
+        if scores:
+            profile.setdefault("scores_tflops", {})[dtype] = list(scores.values())
+        attn_flops = attn_ms = 0.0
+        for model in models:
+            progress.start_row(f"attention ({model.name}) {dtype}")
+            ms, flops, label = _attention(model, device=device, dt=dt, batch=batch_size, warmup=warmup, steps=steps)
+            attn_flops, attn_ms = attn_flops + flops, attn_ms + ms
+            rows.append({"what": f"attention {label} fwd+bwd", "dtype": dtype,
+                         "shape": f"b{batch_size} h{model.heads} s{model.seq} d{model.d_head}", "ms": ms,
+                         "TFLOP/s": flops / (ms * 1e-3) / 1e12})
+        profile["attention_tflops"][dtype] = attn_flops / (attn_ms * 1e-3) / 1e12
     progress.start_row("memory copy")
     numel = (256 if device.type == "cuda" else 32) * MiB // 4
     x = torch.empty(numel, device=device, dtype=torch.float32).normal_()
@@ -115,6 +137,73 @@ def calibrate(m: ModelShape, *, device, dtypes: list[str], batch_size: int, warm
             profile["busbw"], profile["latency_us"] = busbw, latency_us
         rows += comm_rows
     return profile, rows
+
+
+def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
+    """{(M, K, N): the names of `m`'s matmuls of that shape} (a block's and the LM head's)."""
+    out: dict = {}
+    for name, M, K, N in [*block_gemms(m, tokens=tokens), head_gemm(m, tokens=tokens)]:
+        out[M, K, N] = f"{out[M, K, N]} / {name}" if (M, K, N) in out else name
+    return out
+
+
+def _device_ms(fn, *, device, warmup: int, steps: int, reps: int = 8) -> float:
+    """Median ms of one call of `fn` on the device: on a GPU, `reps` calls captured in one CUDA graph and
+    replayed, so that the host's launch cost (which a training step's queue hides where the device sets
+    the pace; the host term counts it apart) stays out of the small matmuls' rates; elsewhere time_fn."""
+    import torch
+
+    if device.type != "cuda":
+        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # cuBLAS picks its kernels and workspace before the capture
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return time_fn(graph.replay, warmup=1, steps=steps, device=device).median / reps
+
+
+def _linear_ms(M: int, K: int, N: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
+    """(forward ms, backward ms) of a linear layer as the model runs it (F.linear, weight [N, K]) on M rows:
+    x·Wᵀ; then autograd's two products, dY·W and dYᵀ·x."""
+    import torch
+    import torch.nn.functional as F
+
+    x, w, g = (torch.randn(*shape, device=device, dtype=dt) for shape in ((M, K), (N, K), (M, N)))
+
+    def backward():
+        g @ w
+        g.t() @ x
+
+    kw = dict(device=device, warmup=warmup, steps=steps)
+    return _device_ms(lambda: F.linear(x, w), **kw), _device_ms(backward, **kw)
+
+
+def _scores_ms(heads: int, s: int, d: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
+    """(forward ms, backward ms) of materialized attention's products over `heads` (batch × heads) s×s
+    score matrices: QKᵀ and P·V; then dO·Vᵀ, Pᵀ·dO, dS·K and dSᵀ·Q."""
+    import torch
+
+    q, k, v, do = (torch.randn(heads, s, d, device=device, dtype=dt) for _ in range(4))
+    p = torch.randn(heads, s, s, device=device, dtype=dt)
+
+    def forward():
+        q @ k.transpose(-1, -2)
+        p @ v
+
+    def backward():
+        do @ v.transpose(-1, -2)
+        p.transpose(-1, -2) @ do
+        p @ k
+        p.transpose(-1, -2) @ q
+
+    kw = dict(device=device, warmup=warmup, steps=steps)
+    return _device_ms(forward, **kw), _device_ms(backward, **kw)
 
 
 def device_memory_GB(device) -> float | None:

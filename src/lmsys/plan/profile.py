@@ -3,7 +3,9 @@
 Keys: device (its name), memory_GB (its memory: a GPU's, or a CPU host's RAM), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
 ({world size: {bytes: all-reduce busbw GB/s}}: nccl on GPUs, gloo on a CPU) and latency_us (the smallest
 all-reduce's time) where measured, and intra_GBps / inter_GBps when known; elementwise_GBps and
-optimizer_GBps, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
+optimizer_GBps, gemm_tflops ({dtype: [[M, K, N, forward, backward TFLOP/s], ...]}: the model's matmuls) and
+scores_tflops ({dtype: [[heads × batch, s, d, forward, backward], ...]}: s×s attention's products) where
+timed, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
 launch_us ({dtype: µs per dispatched op}), launch_us_recompute ({dtype: µs per op a recomputed block
 dispatches again, the checkpoint's Python included}) and ops ({dtype: OpCounts' fields}) where calibrated (an older
 profile without them: the HBM rate and the defaults). `rates` turns a profile into the time model's Rates
@@ -74,7 +76,13 @@ def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
                  launch_us_recompute=_number((profile.get("launch_us_recompute") or {}).get(dtype)),
                  overlap=bool(profile.get("host_overlap", True)),
                  ops=OpCounts(**{k: float(v) for k, v in ((profile.get("ops") or {}).get(dtype) or {}).items()
-                                 if k in OpCounts.__dataclass_fields__}))
+                                 if k in OpCounts.__dataclass_fields__}),
+                 gemm=_points(profile, "gemm_tflops", dtype), scores=_points(profile, "scores_tflops", dtype))
+
+
+def _points(profile: dict, key: str, dtype: str) -> tuple:
+    """The profile's rates by shape for `dtype` ([3 sizes, forward, backward] each), as tuples."""
+    return tuple(tuple(float(x) for x in point) for point in (profile.get(key) or {}).get(dtype) or ())
 
 
 def _number(value) -> float | None:

@@ -79,6 +79,26 @@ def layer_matmul_params(m: ModelShape) -> int:
     return 2 * h * h + 2 * h * m.kv_dim + (3 if m.mlp == "swiglu" else 2) * h * m.d_ff
 
 
+def block_gemms(m: ModelShape, *, tokens: int, tp: int = 1) -> list[tuple[str, int, int, int]]:
+    """(name, M, K, N) of one block's matmuls on one GPU of a tp group, `tokens` rows each, as the model
+    runs them: Q, K and V fused (lmsys and Megatron-LM), the attention output, the MLP's (SwiGLU: gate and
+    up apart, then down; GeLU: in and out). Column-parallel ones split N by tp, row-parallel ones K; their
+    2·M·K·N sum to 2·tokens·layer_matmul_params / tp."""
+    h, f = m.d_model, _split(m.d_ff, tp)
+    mlp_in = [("MLP gate", tokens, h, f), ("MLP up", tokens, h, f)] if m.mlp == "swiglu" else [("MLP in", tokens, h, f)]
+    return [("QKV", tokens, h, _split(h + 2 * m.kv_dim, tp)), ("attention out", tokens, _split(h, tp), h), *mlp_in,
+            ("MLP out", tokens, f, h)]
+
+
+def head_gemm(m: ModelShape, *, tokens: int, tp: int = 1) -> tuple[str, int, int, int]:
+    """(name, M, K, N) of the LM head's matmul (vocabulary-parallel over tp)."""
+    return ("LM head", tokens, m.d_model, _split(m.vocab, tp))
+
+
+def _split(n: int, parts: int) -> int:
+    return -(-n // parts)
+
+
 def layer_params(m: ModelShape) -> int:
     """All of one block: matmuls, biases (Q, K, V, out; MLP in and out), norms (1 or 2 vectors each)."""
     h = m.d_model

@@ -5,7 +5,9 @@ Rates come from a calibration profile (what this machine measured) or from the G
 efficiencies (`Efficiency`; one set for every row, never per row). The assumptions, said once:
 - Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate; attention's two
   matmuls at it too when the s×s scores are materialized, at the attention rate inside a fused (flash)
-  kernel, which computes only the causal half (backward 2.5× forward).
+  kernel, which computes only the causal half (backward 2.5× forward). A profile that timed the model's
+  own shapes (`plan calibrate`) gives each matmul, and the s×s products, the rate of the nearest shape it
+  measured, forward and backward apart (small and skinny GEMMs run well below the large ones' rate).
 - Elementwise ops (norms, activation, softmax, dropout, residual adds, RoPE) move the bytes `elementwise`
   counts at the HBM rate; their backward moves twice the forward's bytes. Autocast over fp32 weights adds
   its casts at that rate: per micro-batch each matmul weight read in fp32 and written in the compute dtype
@@ -44,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmsys.plan.memory import Layout, Precision, stage_params
-from lmsys.plan.shape import ModelShape, flops_per_token, layer_matmul_params
+from lmsys.plan.shape import ModelShape, block_gemms, flops_per_token, head_gemm, layer_matmul_params
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,23 @@ class Rates:
     launch_us_recompute: float | None = None  # ... per op a recomputed block dispatches again (None: launch_us)
     overlap: bool = True  # the host queues ahead of the device (a GPU); False: one after the other (a CPU)
     ops: OpCounts = OpCounts()
+    # measured rates by shape (a profile), else empty: the model's matmuls (M, K, N, forward TFLOP/s,
+    # backward TFLOP/s: its two gradients together) and s×s attention's products (heads × batch, s, d,
+    # forward: QKᵀ and ·V, backward: their four gradients)
+    gemm: tuple = ()
+    scores: tuple = ()
+
+    def matmul_ms(self, M: int, K: int, N: int, *, backward: bool = False) -> float:
+        """ms of one M×K·K×N matmul, or (backward) of its two gradients: at the rate measured at the nearest
+        calibrated shape (the least sum of |log| ratios of M, K and N), else at matmul_tflops."""
+        rate = _nearest(self.gemm, (M, K, N), 4 if backward else 3) or self.matmul_tflops
+        return 2.0 * M * K * N * (2 if backward else 1) / (rate * 1e9)
+
+    def scores_ms(self, batch: int, s: int, d: int, *, backward: bool = False) -> float:
+        """ms of materialized attention's two products over `batch` heads × sequences (QKᵀ and ·V, 2·s²·d
+        FLOPs each; backward: their four gradients), at the nearest measured shape's rate, else matmul_tflops."""
+        rate = _nearest(self.scores, (batch, s, d), 4 if backward else 3) or self.matmul_tflops
+        return 4.0 * batch * s * s * d * (2 if backward else 1) / (rate * 1e9)
 
     def link(self, group: int, *, inter: bool) -> float:
         """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes."""
@@ -123,6 +142,16 @@ class Rates:
             return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
         bw = self.link(group, inter=inter) * 1e9 / 1e3  # bytes per ms
         return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
+
+
+def _nearest(points: tuple, key: tuple, column: int) -> float | None:
+    """points[i][column] of the point whose first len(key) entries are nearest `key` in log space."""
+    import math
+
+    if not points:
+        return None
+    best = min(points, key=lambda p: sum(abs(math.log(p[i] / k)) for i, k in enumerate(key)))
+    return float(best[column])
 
 
 # busbw / algbw, nccl-tests' convention (as lmsys.bench.comm.BUS_FACTORS; send: what crosses one link)
@@ -236,26 +265,27 @@ def param_tensors(m: ModelShape, lay: Layout) -> int:
 def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus_per_node: int) -> StepTime:
     s, b, h, t, p = m.seq, lay.micro_batch, m.d_model, lay.tp, lay.pp
     tokens = s * b
-    mm = rates.matmul_tflops * 1e12 / 1e3  # FLOPs per ms
     ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
     opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
 
     # one block, one micro-batch, one GPU
-    gemm = 2 * tokens * layer_matmul_params(m) / t
-    attn = 4 * b * s * s * h / t  # QKᵀ and ·V, forward
+    gemms = block_gemms(m, tokens=tokens, tp=t)
+    gemm_fwd = sum(rates.matmul_ms(M, K, N) for _, M, K, N in gemms)
+    gemm_bwd = sum(rates.matmul_ms(M, K, N, backward=True) for _, M, K, N in gemms)
     outside, core = elementwise_bytes(m, b=b, prec=prec, tp=t, sp=lay.sp)
     if m.attention == "flash":
-        attn_fwd = attn / 2 / (rates.attention_tflops * 1e12 / 1e3)
+        attn_fwd = 4 * b * s * s * h / t / 2 / (rates.attention_tflops * 1e12 / 1e3)  # QKᵀ and ·V, the causal half
         attn_bwd = 2.5 * attn_fwd
     else:
-        attn_fwd = attn / mm
-        attn_bwd = 2 * attn_fwd
+        heads = b * -(-m.heads // t)
+        attn_fwd = rates.scores_ms(heads, s, m.d_head)
+        attn_bwd = rates.scores_ms(heads, s, m.d_head, backward=True)
     # autocast over fp32 weights: every micro-batch's forward casts each matmul weight (read fp32, write the
     # compute dtype; again in a full recompute) and its backward casts the weight's gradient back up
     cast_fwd = (prec.weight + prec.cast) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
     cast_bwd = (prec.cast + prec.grad) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
-    fwd = gemm / mm + attn_fwd + (outside + core) / ew + cast_fwd
-    bwd = 2 * gemm / mm + attn_bwd + 2 * (outside + core) / ew + cast_bwd
+    fwd = gemm_fwd + attn_fwd + (outside + core) / ew + cast_fwd
+    bwd = gemm_bwd + attn_bwd + 2 * (outside + core) / ew + cast_bwd
     # what the backward runs again, once per block per micro-batch: the attention core's forward
     # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
     recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
@@ -277,7 +307,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     per_mb_recompute = layers * recompute
     per_mb_tp = layers * tp_block
     # the LM head and loss on the last stage, the embedding on the first
-    head = 3 * 2 * tokens * h * m.vocab / t / mm + 3 * 4 * tokens * m.vocab / t * 4 / ew \
+    _, M, K, N = head_gemm(m, tokens=tokens, tp=t)
+    head = rates.matmul_ms(M, K, N) + rates.matmul_ms(M, K, N, backward=True) + 3 * 4 * tokens * m.vocab / t * 4 / ew \
         + ((prec.weight + 2 * prec.cast + prec.grad) * m.vocab * h / t / ew if prec.cast else 0.0)
     embed = 3 * tokens * h * prec.act / ew
     if p == 1:

@@ -132,7 +132,7 @@ def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
             measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
             for (_, workload), got in zip(workloads, measured):
                 lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
-                ms = got["ms/step"].mean if got.get("status") == "ok" else None
+                ms = got["ms/step"].median if got.get("status") == "ok" else None  # as parallel train's rows
                 row = {"size": name, "dtype": dtype, "checkpoint": workload.checkpoint}
                 row.update(_compare(from_model_config(cfg, name=name), lay, dtype=dtype, profile=profile,
                                     gpus_per_node=1, scale=1.0, ms=ms, peak_mib=got.get("peak step MiB")))
@@ -281,7 +281,13 @@ def rates_for(profile: dict, dtype: str, *, scale: float = 1.0):
     return replace(rates, matmul_tflops=rates.matmul_tflops * scale, attention_tflops=rates.attention_tflops * scale,
                    hbm_GBps=rates.hbm_GBps * scale,
                    elementwise_GBps=rates.elementwise_GBps and rates.elementwise_GBps * scale,
-                   optimizer_GBps=rates.optimizer_GBps and rates.optimizer_GBps * scale)
+                   optimizer_GBps=rates.optimizer_GBps and rates.optimizer_GBps * scale,
+                   gemm=_scaled(rates.gemm, scale), scores=_scaled(rates.scores, scale))
+
+
+def _scaled(points: tuple, scale: float) -> tuple:
+    """Rates by shape (3 sizes, forward, backward) with the rates × scale."""
+    return tuple((*p[:3], p[3] * scale, p[4] * scale) for p in points)
 
 
 def _compare(shape, lay, *, dtype: str, profile: dict, gpus_per_node: int, scale: float, ms: Optional[float],
