@@ -678,6 +678,18 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
     assert f"max {max(errs):.1f} %" in " ".join(out["notes"])
+    # --host-rate beside (the default): the host's cost per op measured around the size's rows, in this
+    # process, stands in for the profile's; the rest of the prediction is the profile's
+    from lmsys.model.config import get_config
+    from lmsys.plan.shape import from_model_config
+
+    none = out["rows"][0]
+    assert none["host µs/op"] > 0 and none["host µs/op"] != prof["launch_us"]["fp32"]
+    beside = {**prof, "launch_us": {"fp32": none["host µs/op"]}}
+    st = ptime.step_time(from_model_config(get_config(str(model)), name="micro"), mem.Layout(), mem.PRECISIONS["fp32"],
+                         profile_rates(beside, "fp32"), gpus_per_node=1)
+    assert none["predicted ms"] == pytest.approx(st.total, rel=1e-9)
+    assert any(note.startswith("host µs/op: the host's cost per dispatched op") for note in out["notes"])
 
 
 MICRO2 = "d_model: 32\nd_ff: 64\nnum_layers: 2\nnum_heads: 2\nvocab_size: 64\ncontext_length: 32\n"
@@ -699,9 +711,11 @@ def test_validate_runs_parallel_train_meshes_on_gloo_and_predicts_each_layout(lm
     model.write_text(MICRO2)
     profile.write_text(yaml.safe_dump(CPU_PROFILE))
     r = lmsys("plan", "validate", "--profile", str(profile), "--size", str(model), "--parallel-size", str(model),
-              "--context-length", "32", "--device", "cpu", "--warmup", "0", "--steps", "1", "--format", "json")
+              "--context-length", "32", "--device", "cpu", "--warmup", "0", "--steps", "1", "--host-rate", "profile",
+              "--format", "json")
     assert r.code == 0, r.err
     e2e, meshes = json.loads(r.out)
+    assert {row["host µs/op"] for row in e2e["rows"] + meshes["rows"]} == {20.0}  # the profile's
     assert [row["status"] for row in e2e["rows"]] == ["ok", "ok"]
     # the CPU defaults: dp=2, tp=2 and pp=2 on 2 gloo processes, 4 micro-batches of 1 sequence, each policy
     got = [(row["world size"], row["mesh"], row["checkpoint"], row["status"]) for row in meshes["rows"]]
@@ -758,7 +772,8 @@ def test_validate_rows_that_cannot_run_say_why(lmsys, tmp_path):
     for args, message in ((("--mesh", "none", "--mesh", "dp=2"), "--mesh none leaves out"),
                           (("--mesh", "dp=2", "--world-size", "4"), "runs 2 processes, not one of --world-size 4"),
                           (("--mesh", "xp=2"), "each part is DIM=N"), (("--dp-strategy", "torch-ddp"), "--dp-strategy"),
-                          (("--parallel-size", "tiny,small"), "not a list"), (("--microbatches", "0"), "--microbatches")):
+                          (("--parallel-size", "tiny,small"), "not a list"), (("--microbatches", "0"), "--microbatches"),
+                          (("--host-rate", "now"), "--host-rate")):
         r = lmsys("plan", "validate", "--profile", str(profile), *args)
         assert r.code == 2 and message in r.err and "Traceback" not in r.err, (args, r.err)
 

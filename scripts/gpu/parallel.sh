@@ -40,7 +40,7 @@ if part degenerate-nsys; then  # the same pair under nsys: kernels (with instanc
 fi
 if part plan; then
   SIZES=${PLAN_SIZES:-small,medium,large,xl,2.7b}
-  T=180 X python3 -m lmsys plan calibrate --size "xl,$SIZES" --dtype fp32,bf16 --profile "$OUT/gpu.yaml" -f md \
+  T=180 X python3 -m lmsys plan calibrate --size "${CAL_SIZES:-xl,small,medium,large,2.7b}" --dtype fp32,bf16 --profile "$OUT/gpu.yaml" -f md \
     >> "$OUT/plan.md"
   for i in $(seq "${PLAN_REPS:-2}"); do
     T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --warmup 2 --steps 10

@@ -134,6 +134,7 @@ def validate(
     virtual_stages: Annotated[int, typer.Option(help="parallel train rows: chunks per pipeline rank (interleaved-1f1b).")] = 1,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", metavar="", help="parallel train rows: sequence parallelism on the tp dim.")] = False,
     backend: Annotated[Optional[str], typer.Option(help="parallel train rows: gloo | nccl (default: as --device; nccl when a GPU is visible, else gloo).")] = None,
+    host_rate: Annotated[str, typer.Option("--host-rate", help="The host's cost per dispatched op the predictions use: beside (measured before and after each size's rows, plan calibrate's twin: a host's speed drifts) | profile (the profile's).")] = "beside",
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
     quiet: QuietOpt = False,
     format: FormatOpt = None,
@@ -151,6 +152,7 @@ def validate(
         check_counts(context_length=(context_length, 1))
     checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
     choose(dp_strategy, ("bucketed", "fsdp"), what="--dp-strategy")
+    choose(host_rate, ("beside", "profile"), what="--host-rate")
     from lmsys.distributed.mesh import PP_SCHEDULES
 
     choose(pp_schedule, PP_SCHEDULES, what="--pp-schedule")
@@ -194,11 +196,11 @@ def validate(
     with progress.display("plan validate"):
         e2e_rows, mesh_rows = val.validate(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size,
                                            warmup=warmup, steps=steps, device=dev, profile=prof,
-                                           context_length=context_length, mesh_plan=mesh_plan)
+                                           context_length=context_length, mesh_plan=mesh_plan, host_rate=host_rate)
     meta = {**environment(dev), "profile": f"{profile} ({prof['device']})"}
     reports = [Report("plan validate", e2e_rows, meta, _error_notes(val.summary(e2e_rows), memory_here=dev.type == "cuda")
                       + [f"measured: bench e2e's train step, the median of {steps} timed steps after {warmup} warm-up; "
-                         "peak memory over the step."])]
+                         "peak memory over the step.", HOST_NOTE[host_rate]])]
     if mesh_plan is not None:
         mp = mesh_plan
         run = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "
@@ -208,7 +210,7 @@ def validate(
             "predicted: the planner for each row's layout (dp, tp, pp, schedule and chunks, micro-batch size and count, "
             "dp strategy: bucketed = ZeRO-0, lmsys's FSDP = ZeRO-2 (gathered from its first forward to the gradient "
             "sync), block = full recomputation), collectives from the profile's measured all-reduce times where it has "
-            "them.",
+            "them.", HOST_NOTE[host_rate].replace("each size's rows", "the launches"),
         ]
         if backend == "gloo" and prof.get("threads"):
             scales = sorted({(n, launch.rank_threads(n)) for n in {row["world size"] for row in mesh_rows}})
@@ -217,6 +219,14 @@ def validate(
                          + ": its compute and memory rates are scaled by that ratio (rates linear in threads).")
         reports.append(Report("plan validate: parallel train", mesh_rows, {**meta, "run": run}, notes))
     emit(reports, format, output)
+
+
+HOST_NOTE = {
+    "beside": "host µs/op: the host's cost per dispatched op that row's prediction used, measured in this process "
+              "before and after each size's rows (plan calibrate's twins at its width) and averaged; "
+              "--host-rate profile takes the profile's.",
+    "profile": "host µs/op: the profile's (--host-rate profile).",
+}
 
 
 def _error_notes(summary: dict, *, memory_here: bool) -> list[str]:

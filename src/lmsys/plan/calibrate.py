@@ -123,7 +123,7 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
     profile["launch_us"], profile["launch_us_recompute"], profile["ops"] = {}, {}, {}
     for dtype in dtypes:
         progress.start_row(f"host {dtype}")
-        us, us_again, ops, times = _host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
+        us, us_again, ops, times = measure_host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
         profile["launch_us"][dtype], profile["launch_us_recompute"][dtype], profile["ops"][dtype] = us, us_again, ops
         rows.append({"what": "host, per dispatched op", "dtype": dtype,
                      "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks, {HOST_SEQ if device.type == 'cuda' else 8} tokens",
@@ -355,7 +355,7 @@ class _Count:
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
 
 
-def _host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, float, dict, dict]:
+def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int) -> tuple[float, float, dict, dict]:
     """(µs per dispatched op, µs per op a recomputed block dispatches again, OpCounts fields, {"none" |
     "block": ms the extra blocks took}): forward and backward of twins of the model with HOST_BLOCKS blocks,
     with and without full recomputation, where the device's work is negligible (on a GPU: the model's width,

@@ -100,18 +100,21 @@ def resolve_meshes(given: Optional[list[str]], *, world_sizes: Optional[list[int
 
 def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int, steps: int,
              device, profile: dict, context_length: Optional[int] = None,
-             mesh_plan: Optional[MeshPlan] = None) -> tuple[list[dict], list[dict]]:
+             mesh_plan: Optional[MeshPlan] = None, host_rate: str = "beside") -> tuple[list[dict], list[dict]]:
     """(bench e2e rows, parallel train rows); `summary(rows)` gives each table's errors."""
     e2e = e2e_rows(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size, warmup=warmup,
-                   steps=steps, device=device, profile=profile, context_length=context_length)
+                   steps=steps, device=device, profile=profile, context_length=context_length, host_rate=host_rate)
     meshes = [] if mesh_plan is None or not mesh_plan.meshes else mesh_rows(
-        mesh_plan, dtypes=dtypes, checkpoints=checkpoints, warmup=warmup, steps=steps, profile=profile)
+        mesh_plan, dtypes=dtypes, checkpoints=checkpoints, warmup=warmup, steps=steps, profile=profile,
+        host_rate=host_rate)
     return e2e, meshes
 
 
 def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int,
-             steps: int, device, profile: dict, context_length: Optional[int] = None) -> list[dict]:
-    """bench e2e (mode train) over sizes × dtypes × checkpoint policies, each predicted with `profile`."""
+             steps: int, device, profile: dict, context_length: Optional[int] = None,
+             host_rate: str = "beside") -> list[dict]:
+    """bench e2e (mode train) over sizes × dtypes × checkpoint policies, each predicted with `profile`;
+    host_rate "beside": with the host's cost per op measured before and after each size's rows (`beside`)."""
     from lmsys.bench import e2e
     from lmsys.model.config import get_config, resolve_configs
     from lmsys.plan import memory as mem
@@ -129,22 +132,26 @@ def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
             (name, cfg), = resolve_configs([size], context_length=seq, attn_impl=attn_impl)
             workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
                                               dtype=dtype, cuda_graphs=False, **options)
-            measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
+            shape = from_model_config(cfg, name=name)
+            with beside(shape, profile, device=device, dtype=dtype, on=host_rate == "beside") as host:
+                measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
             for (_, workload), got in zip(workloads, measured):
                 lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
                 ms = got["ms/step"].median if got.get("status") == "ok" else None  # as parallel train's rows
                 row = {"size": name, "dtype": dtype, "checkpoint": workload.checkpoint}
-                row.update(_compare(from_model_config(cfg, name=name), lay, dtype=dtype, profile=profile,
-                                    gpus_per_node=1, scale=1.0, ms=ms, peak_mib=got.get("peak step MiB")))
+                row.update(_compare(shape, lay, dtype=dtype, profile=host.profile, gpus_per_node=1, scale=1.0,
+                                    ms=ms, peak_mib=got.get("peak step MiB")))
+                row["host µs/op"] = host.profile["launch_us"][dtype]
                 row["status"] = got.get("status")
                 rows.append(row)
     return rows
 
 
 def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warmup: int, steps: int,
-              profile: dict) -> list[dict]:
+              profile: dict, host_rate: str = "beside") -> list[dict]:
     """parallel train's job over plan.meshes × dtypes × checkpoints: one launch per world size (the
-    meshes that can run there), each row predicted for its layout; rows that cannot run say why."""
+    meshes that can run there), each row predicted for its layout (host_rate "beside": with the host's
+    cost per op measured before and after the launches, in this process); rows that cannot run say why."""
     from lmsys.distributed.mesh import parse_mesh
     from lmsys.model.config import get_config
 
@@ -159,11 +166,21 @@ def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warm
         else:
             runnable.setdefault(spec.world_size, []).append(label)
     measured: dict[tuple[str, str, str], dict] = {}
+    import torch
+
+    shape = _shape(config, plan.size)
+    device = torch.device("cuda" if plan.backend == "nccl" else "cpu")
+    hosts = {dtype: beside(shape, profile, device=device, dtype=dtype, on=host_rate == "beside" and bool(runnable))
+             for dtype in dtypes if dtype != "fp16"}
+    for host in hosts.values():
+        host.__enter__()
     for n, labels in sorted(runnable.items()):
         jobs = [(dtype, ckpt) for dtype in dtypes for ckpt in checkpoints if dtype != "fp16"]
         for (dtype, ckpt), rows in zip(jobs, _launch(plan, labels, jobs, world_size=n, warmup=warmup, steps=steps)):
             for label, row in zip(labels, rows):
                 measured[label, dtype, ckpt] = row
+    for host in hosts.values():
+        host.__exit__(None)
     out = []
     for label in plan.meshes:
         spec = parse_mesh(label)
@@ -176,11 +193,13 @@ def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warm
                        "dp strategy": plan.dp_strategy if spec.dp > 1 else "-",
                        "schedule": _schedule_label(plan, spec), "dtype": dtype, "checkpoint": ckpt}
                 ok = got.get("status") == "ok"
-                row.update(_compare(_shape(config, plan.size), layout(spec, plan, checkpoint=ckpt), dtype=dtype,
-                                    profile=profile, gpus_per_node=spec.world_size,
+                host = hosts.get(dtype)
+                row.update(_compare(shape, layout(spec, plan, checkpoint=ckpt), dtype=dtype,
+                                    profile=host.profile if host else profile, gpus_per_node=spec.world_size,
                                     scale=thread_scale(profile, plan.backend, spec.world_size),
                                     ms=got.get("ms/step") if ok else None,
                                     peak_mib=got.get("peak MiB/rank") if ok else None))
+                row["host µs/op"] = ((host.profile if host else profile).get("launch_us") or {}).get(dtype)
                 row["status"] = why or got.get("status") or "error: no result"
                 out.append(row)
     return out
@@ -237,6 +256,41 @@ def validate_job(ctx, *, runs: list[dict]) -> dict:
     from lmsys.distributed.parallel_train import parallel_job
 
     return {"runs": [parallel_job(ctx, **run)["rows"] for run in runs]}
+
+
+# ------------------------------------------------------------------------------- the host beside a run
+
+class beside:
+    """`with beside(shape, profile, device=, dtype=) as host:` around a run: plan calibrate's host twins (at
+    `shape`'s width) measured before and after it, and `host.profile`, the profile with their mean per-op
+    costs and op counts for `dtype`. The host's speed is a property of the moment, not of the machine: on
+    the shared hosts GPUs are lent on, the same host-bound step moved by 15-50 % between two runs minutes
+    apart while the device-bound ones held to 1 % (docs/benchmarks/plan.md). on=False: the profile's."""
+
+    def __init__(self, shape, profile: dict, *, device, dtype: str, on: bool = True):
+        self.shape, self.profile, self.device, self.dtype, self.on = shape, profile, device, dtype, on
+        self._before = None
+
+    def _measure(self):
+        from lmsys.plan.calibrate import measure_host
+
+        return measure_host(self.shape, device=self.device, dtype=self.dtype, warmup=2, steps=20)[:3]
+
+    def __enter__(self):
+        if self.on:
+            self._before = self._measure()
+        return self
+
+    def __exit__(self, kind, *exc):
+        if not self.on or kind is not None:
+            return False
+        after = self._measure()
+        (us0, again0, ops), (us1, again1, _) = self._before, after
+        d = self.dtype
+        self.profile = {**self.profile, "launch_us": {**(self.profile.get("launch_us") or {}), d: (us0 + us1) / 2},
+                        "launch_us_recompute": {**(self.profile.get("launch_us_recompute") or {}), d: (again0 + again1) / 2},
+                        "ops": {**(self.profile.get("ops") or {}), d: ops}}
+        return False
 
 
 # ----------------------------------------------------------------------------------------- predicting
