@@ -84,7 +84,7 @@ def _pools() -> tuple[_DaemonPool, _DaemonPool]:
     """(jobs, compiles): one thread that runs each job's warmups and waits for them, and the threads that
     compile. Apart, so that a job waiting for its compiles never holds a thread they need."""
     jobs, compiles = _DaemonPool(1, "lmsys-precompile"), _DaemonPool(COMPILE_THREADS, "lmsys-compile")
-    atexit.register(lambda: (jobs.close(), compiles.close()))
+    atexit.register(lambda: (compiles.close(), jobs.close()))  # a job then stops waiting for its compiles
     return jobs, compiles
 
 
@@ -150,7 +150,8 @@ def _job(compiles: list, device, mode, pool) -> None:
     import torch
 
     launchers = []
-    with contextlib.suppress(Exception), torch.cuda.device(device), mode(pool, ignore_errors=True):
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with contextlib.suppress(Exception), guard, mode(pool, ignore_errors=True):
         kernels = []
         for compile_one in compiles:
             with contextlib.suppress(Exception):
