@@ -96,7 +96,8 @@ if part profile; then  # where a fresh process's first call goes: cProfile of th
   for impl in ${PROFILE_IMPLS:-sdpa flash-triton}; do
     for process in cold "warm disk"; do
       prof=(); [ "$process" = "${PROFILE_PROCESS:-warm disk}" ] && prof=(-m cProfile -o "$OUT/profile-$impl.pstats")
-      TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" T=150 X python3 \
+      pre=1; [ "${impl%-noprecompile}" != "$impl" ] && pre=0
+      TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" LMSYS_PRECOMPILE_BACKWARD=$pre T=150 X python3 \
         "${prof[@]}" "$CACHES/probe.py" "$impl" 64 "$DTYPE" "$DEVICE" "$HEADS" "$process" "$WARMUP" ${SEQS%% *}
     done
     [ -n "${DRY_RUN:-}" ] || python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumtime').print_stats(40)" \
