@@ -9,7 +9,9 @@
 #                IMPLS: sdpa, flash-triton (the default policy: on an H200 the Gluon kernels at 4096, the
 #                tl ones at 4100 and 4200), flash-triton-tl (the same with gluon=false: tl kernels only),
 #                flash-triton-tl-serial (the same, the tuner's candidates compiled one by one:
-#                LMSYS_TUNE_COMPILE_THREADS=0). Before any timing a process runs an unrelated matmul
+#                LMSYS_TUNE_COMPILE_THREADS=0), flash-triton-noprecompile (the default policy without the
+#                backward's kernels compiled in the background from the first forward, nor Triton's driver
+#                built beside its hash: LMSYS_PRECOMPILE_BACKWARD=0). Before any timing a process runs an unrelated matmul
 #                forward and backward (WARMUP=1, the default): the CUDA context, cuBLAS, autograd's first run
 #                and the modules a backward with a gradient imports are then paid by every impl alike, outside
 #                the timings
@@ -29,7 +31,7 @@ IMPLS=${IMPLS:-sdpa flash-triton flash-triton-tl flash-triton-tl-serial} WARMUP=
 PROBE='
 import sys, time
 impl, d, dtype, device, heads, process, warmup, *seqs = sys.argv[1:]
-label, impl = impl, impl.removesuffix("-serial")
+label, impl = impl, impl.removesuffix("-serial").removesuffix("-noprecompile")
 import torch
 torch.empty(1, device=device)  # the CUDA context: not part of any timing
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -78,9 +80,10 @@ if part probe; then
   for impl in $IMPLS; do
     for d in $DS; do
       threads=1; [ "${impl%-serial}" != "$impl" ] && threads=0
+      pre=1; [ "${impl%-noprecompile}" != "$impl" ] && pre=0
       for process in cold "warm disk"; do  # the second process finds what the first left in these dirs
         TRITON_CACHE_DIR="$CACHES/$impl-$d/triton" LMSYS_CACHE_DIR="$CACHES/$impl-$d/lmsys" T=150 \
-          LMSYS_TUNE_COMPILE_THREADS=$threads X python3 "$CACHES/probe.py" "$impl" "$d" "$DTYPE" "$DEVICE" \
+          LMSYS_TUNE_COMPILE_THREADS=$threads LMSYS_PRECOMPILE_BACKWARD=$pre X python3 "$CACHES/probe.py" "$impl" "$d" "$DTYPE" "$DEVICE" \
           "$HEADS" "$process" "$WARMUP" $SEQS >> "$OUT/first_call.md"
       done
     done
@@ -93,7 +96,8 @@ if part profile; then  # where a fresh process's first call goes: cProfile of th
   for impl in ${PROFILE_IMPLS:-sdpa flash-triton}; do
     for process in cold "warm disk"; do
       prof=(); [ "$process" = "${PROFILE_PROCESS:-warm disk}" ] && prof=(-m cProfile -o "$OUT/profile-$impl.pstats")
-      TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" T=150 X python3 \
+      pre=1; [ "${impl%-noprecompile}" != "$impl" ] && pre=0
+      TRITON_CACHE_DIR="$CACHES/$impl/triton" LMSYS_CACHE_DIR="$CACHES/$impl/lmsys" LMSYS_PRECOMPILE_BACKWARD=$pre T=150 X python3 \
         "${prof[@]}" "$CACHES/probe.py" "$impl" 64 "$DTYPE" "$DEVICE" "$HEADS" "$process" "$WARMUP" ${SEQS%% *}
     done
     [ -n "${DRY_RUN:-}" ] || python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumtime').print_stats(40)" \

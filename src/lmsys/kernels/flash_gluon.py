@@ -11,6 +11,7 @@ take the inputs, the tl kernels everywhere else.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -568,11 +569,12 @@ def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None, layout: bo
 
 
 def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
-             config: BwdConfig | None = None) -> str:
+             config: BwdConfig | None = None, prepare: list | None = None) -> str:
     """dQ, dK, dV into dq4, dk4, dv4 from L and D = rowsum(dO ∘ O) ([Z, H, N] float32, contiguous), for
     inputs `usable_backward` accepted; the tiles it ran. dq32 (float32, [Z, H, N, d], zeroed) is the
     kernel's: it adds dS·K into it, and one pass casts that, times 1/√d, into dq4 (the scale is free there
-    and costs a multiply per element per key tile in the kernel)."""
+    and costs a multiply per element per key tile in the kernel). prepare: a list that the two kernels'
+    compiles (their `warmup` with these arguments) are appended to instead of running them."""
     Z, H, n, d = q4.shape
     c = config or BWD_CONFIGS[d]
     assert dq32.is_contiguous() and dq4.is_contiguous() and dq4.shape == dq32.shape  # _scale_cast is flat
@@ -580,11 +582,19 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     do_desc = TensorDescriptor.from_tensor(do4.reshape(-1, d), [c.block_m, d], q_desc.layout)
     dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
                                            gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
-    _attn_bwd_ws[(n // c.block_n, Z * k4.shape[1])](
-        q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
-        n, H, H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages,
-        CAUSAL=bool(is_causal), EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)
     elems = dq32.numel()
-    _scale_cast[(triton.cdiv(elems, CAST_BLOCK),)](dq32, dq4, 1.0 / math.sqrt(d), elems, BLOCK=CAST_BLOCK,
-                                                   num_warps=4)
+    launches = [
+        (_attn_bwd_ws, (n // c.block_n, Z * k4.shape[1]),
+         (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
+          n, H, H // k4.shape[1]),
+         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=bool(is_causal),
+              EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)),
+        (_scale_cast, (triton.cdiv(elems, CAST_BLOCK),), (dq32, dq4, 1.0 / math.sqrt(d), elems),
+         dict(BLOCK=CAST_BLOCK, num_warps=4)),
+    ]
+    for kernel, grid, args, consts in launches:
+        if prepare is None:
+            kernel[grid](*args, **consts)
+        else:
+            prepare.append(functools.partial(kernel.warmup, *args, grid=grid, **consts))
     return f"gluon {c.block_m}×{c.block_n}"

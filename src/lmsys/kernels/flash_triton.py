@@ -32,7 +32,7 @@ from triton.runtime import _allocation  # which allocator this thread has (see _
 
 from lmsys.core.devices import capability, sm_count
 from lmsys.core.errors import LmsysError
-from lmsys.kernels import triton_interpreted, tuning
+from lmsys.kernels import precompile, triton_interpreted, tuning
 from lmsys.kernels.shapes import check_qkv
 
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 256, 8
@@ -474,17 +474,22 @@ def _kernels() -> dict:
 
 
 def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor, *, shape: tuple,
-            reset=None) -> str:
+            reset=None, prepare: list | None = None) -> str:
     """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N". shape: (Z, H, GROUP, n_q, n_k);
-    reset: what undoes a run's accumulation before the next (the atomic backward's dQ.zero_), for timing."""
+    reset: what undoes a run's accumulation before the next (the atomic backward's dQ.zero_), for timing.
+    prepare: a list to append the compiles (warmups) of what would run to, instead of running it."""
     fn = _kernels()[kernel]
     if policy.pick is None:
         if policy.configs is not None or policy.wide_configs:
             raise ValueError("Policy.configs or wide_configs needs a pick (the tuner times CONFIGS only)")
-        config = _tuned(kernel, fn, grid, args, consts, q, shape, reset)
+        config = _tuned(kernel, fn, grid, args, consts, q, shape, reset, prepare)
     else:
         fitting = _candidates(kernel, policy.configs_for(kernel), consts, q)
         config = fitting[policy.pick % len(fitting)]
+    if prepare is not None:
+        if config is not None:  # None: _tuned added its shortlist
+            prepare.append(functools.partial(fn.warmup, *args, grid=grid, **consts, **config.all_kwargs()))
+        return ""
     fn[grid](*args, **consts, **config.all_kwargs())
     return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
@@ -515,9 +520,12 @@ def _device_tag(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} sm{major}{minor}"
 
 
-def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, shape: tuple, reset):
+def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, shape: tuple, reset,
+           prepare: list | None = None):
     """The config `kernel` runs at this shape class (`TUNER`'s key: kernel, device, dtype, _CLASS_CONSTS,
-    n_q, n_k, batch × heads and the group bucketed): chosen among `_shortlist` of the fitting configs."""
+    n_q, n_k, batch × heads and the group bucketed): chosen among `_shortlist` of the fitting configs.
+    With `prepare`, nothing is timed: the config the tuner knows without timing, else None with the
+    shortlist's compiles appended to `prepare` (the real call times them on its own thread)."""
     Z, H, group, n_q, n_k = shape
     key = (kernel, _device_tag(q.device), q.dtype, *(consts.get(name) for name in _CLASS_CONSTS),
            tuning.bucket(n_q, floor=MIN_ROWS, cap=MAX_ROWS), tuning.bucket(n_k, floor=MIN_ROWS, cap=MAX_ROWS),
@@ -539,6 +547,11 @@ def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, sh
     def compile_one(config):
         fn.warmup(*args, grid=grid, **consts, **config.all_kwargs())
 
+    if prepare is not None:
+        config = TUNER.known(key, shortlist)
+        if config is None:
+            prepare.extend(functools.partial(compile_one, c) for c in shortlist)
+        return config
     config = TUNER.choose(key, shortlist, run, None if INTERPRET else compile_one)
     if reset is not None and len(shortlist) > 1:
         reset()  # after the timed runs (if any) the real one starts from zeros
@@ -970,29 +983,36 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     return o4, lse, {"fwd": tiles}
 
 
-def _preprocess(o4, do4) -> torch.Tensor:
-    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], by itself (the one-launch backwards need all of it first)."""
+def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
+    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], by itself (the one-launch backwards need all of it first).
+    prepare: see _launch."""
     Z, H, n_q, d = o4.shape
     delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=o4.device)
     block = 16 if INTERPRET else 64
-    _attn_bwd_preprocess[(_cdiv(n_q, block), H, Z)](o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q,
-                                                    HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=block)
+    grid = (_cdiv(n_q, block), H, Z)
+    args = (o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q)
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=block)
+    if prepare is not None:
+        prepare.append(functools.partial(_attn_bwd_preprocess.warmup, *args, grid=grid, **consts))
+    else:
+        _attn_bwd_preprocess[grid](*args, **consts)
     return delta
 
 
-def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy):
+def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, prepare: list | None = None):
     """The tl backward on [Z, H, n, d] inputs: (dq4, dk4, dv4, what ran). Two atomics-free kernels (the dQ
-    kernel computes D on the way), or with deterministic=False one launch that adds dQ in float32."""
+    kernel computes D on the way), or with deterministic=False one launch that adds dQ in float32. With
+    `prepare` (see _launch): None, the kernels' compiles appended, nothing run (outputs are stand-ins)."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
     atomic = policy.deterministic is False
-    dq4 = (torch.zeros if atomic else torch.empty)((Z, H, n_q, d), dtype=torch.float32 if atomic else q4.dtype,
-                                                    device=q4.device)
+    dq4 = (torch.zeros if atomic and prepare is None else torch.empty)(
+        (Z, H, n_q, d), dtype=torch.float32 if atomic else q4.dtype, device=q4.device)
     dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
     dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
     sm_scale = 1.0 / math.sqrt(d)
     use_tma = _tma_usable(policy, q4, k4, v4, do4, backward=True)
-    if use_tma and q4.device.type == "cuda":
+    if use_tma and q4.device.type == "cuda" and prepare is None:
         _set_tma_allocator()
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
                   DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma)
@@ -1007,20 +1027,23 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy):
     ran = {}
     with _device_guard(q4.device):
         if atomic:
-            delta = _preprocess(o4, do4)
+            delta = _preprocess(o4, do4, prepare)
         else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
             delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
             ran["dq"] = _launch("dq", grid_queries,
                                 (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                                  *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes),
-                                consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k))
+                                consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k), prepare=prepare)
         tma_dq = atomic and use_tma and policy.tma_reduce_dq and q4.device.type == "cuda" and not INTERPRET
         ran["dkdv"] = _launch("dkdv", grid_keys,
                               (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
                                *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
                                *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
                               {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4,
-                              shape=(Z, *shapes[:2], n_q, n_k), reset=dq4.zero_ if atomic else None)
+                              shape=(Z, *shapes[:2], n_q, n_k), reset=dq4.zero_ if atomic else None,
+                              prepare=prepare)
+    if prepare is not None:
+        return None
     # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match
     return dq4.to(q4.dtype), dk4, dv4, ran
 
@@ -1035,30 +1058,35 @@ def _gluon_forward(gluon, q4, k4, v4, is_causal: bool):
     return o4, lse, {"fwd": tiles}
 
 
-def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool):
+def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, prepare: list | None = None):
     """flash_gluon's one-launch backward on (contiguous) inputs it took: D first, then the kernel adds into a
-    zeroed float32 dQ that it casts into q's dtype. (dq4, dk4, dv4, what ran)."""
+    zeroed float32 dQ that it casts into q's dtype. (dq4, dk4, dv4, what ran); with `prepare` (see _launch)
+    None, the compiles appended."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
-    dq32 = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q4.device)
+    dq32 = (torch.zeros if prepare is None else torch.empty)((Z, H, n_q, d), dtype=torch.float32, device=q4.device)
     dq = torch.empty(q4.shape, dtype=q4.dtype, device=q4.device)
     dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
     dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
     with _device_guard(q4.device):
-        delta = _preprocess(o4, do4)
+        delta = _preprocess(o4, do4, prepare)
+        if prepare is not None:
+            gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare)
+            return None
         tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal)
     return dq, dk4, dv4, {"bwd": tiles}
 
 
-def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=None, lse3=None, do4=None):
+def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=None, lse3=None, do4=None,
+              prepare: list | None = None):
     """The one place that chooses between flash_gluon's kernels and the tl ones, and runs them on [Z, H, n, d]
     inputs: ("fwd") (o4, lse, ran) or ("bwd") (dq4, dk4, dv4, ran). Gluon runs only where `policy.gluon` is
     on and flash_gluon runs here (Hopper, its triton release); then the forward where `usable` takes the
     inputs, strided views copied first from `policy.gluon_copy_min_keys` keys (TMA reads [rows, d] tiles:
     the copies cost less than the Gluon forward saves only there), and the one-launch backward where
-    deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies."""
-    if not INTERPRET:  # Triton's per-process hash from disk before its first cache lookup (once)
-        tuning.persist_triton_key()
+    deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies.
+    prepare (the backward only): a list that the compiles of the kernels it would run are appended to, from
+    stand-in outputs; nothing runs (see _precompile_backward)."""
     gluon = _gluon() if policy.gluon else None
     n_k = k4.shape[2]
     if direction == "fwd":
@@ -1073,19 +1101,67 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
             and gluon.usable_backward(q4, k4, v4, do4, layout=False):
         # the model's v from a split and dO from a rearrange's backward are strided: copied once, a fraction
         # of what the one launch saves at these sizes
-        copies = tuple(x.contiguous() for x in (q4, k4, v4, do4))
+        if prepare is None:
+            copies = tuple(x.contiguous() for x in (q4, k4, v4, do4))
+        else:  # what .contiguous() gives, without the copy
+            copies = tuple(x if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                           for x in (q4, k4, v4, do4))
         if gluon.usable_backward(*copies):
             cq, ck, cv, cdo = copies
-            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal)
-    return _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal, policy)
+            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal, prepare)
+    return _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal, policy, prepare)
 
 
-def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None):
+_PRECOMPILED: set = set()  # the shape classes whose backward's compiles were started
+
+
+def _precompile_backward(q4, k4, v4, is_causal: bool, policy: Policy) -> None:
+    """On the first forward of a shape class (shapes, dtype, device, causal, policy), start compiling the
+    kernels its backward will run, in the background (lmsys.kernels.precompile): _dispatch's own choice of
+    kernels and configs, from stand-ins for o, L and dO shaped as the forward makes them. Their compiles then
+    overlap the forward's own; launch_backward waits for what is still in flight. A warm call: one set
+    lookup."""
+    key = (q4.shape, k4.shape, q4.dtype, q4.device, is_causal, policy)
+    if key in _PRECOMPILED or INTERPRET or not precompile.allowed(q4.device):
+        return
+    _PRECOMPILED.add(key)
+    try:
+        Z, H, n_q, d = q4.shape
+        o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
+        lse3 = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+        compiles: list = []
+        _dispatch("bwd", policy, is_causal, q4, k4, v4, o4=o4, lse3=lse3, do4=torch.empty_like(o4), prepare=compiles)
+    except Exception:  # noqa: BLE001 - the real backward meets the error again
+        return
+    precompile.start(compiles, q4.device)
+
+
+@functools.cache
+def _first_call() -> None:
+    """Once per process, before anything touches Triton's driver: the driver (cuda_utils, built with gcc on a
+    cold cache) starts on a background thread while this one reads or computes Triton's own hash
+    (tuning.persist_triton_key: Triton's per-process hash from disk before its first cache lookup)."""
+    building = precompile.driver_in_background()
+    tuning.persist_triton_key()
+    if building is not None:
+        try:
+            building.result()
+        except Exception:  # noqa: BLE001 - the real call meets the error again
+            pass
+
+
+def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None,
+                   precompile_backward: bool = False):
     """(o [..., n_q, d] in q's dtype, L [..., n_q] float32, what ran: {"fwd": tiles}). k, v may have fewer
-    heads than q (dim -3)."""
+    heads than q (dim -3). precompile_backward: a backward will follow (see _precompile_backward)."""
     policy = policy or default_policy()
+    if not INTERPRET:
+        _first_call()
     _check_inputs(q, k, v)
-    o4, lse, ran = _dispatch("fwd", policy, bool(is_causal), _as_4d(q), _as_4d(k), _as_4d(v))
+    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
+    if precompile_backward:
+        _precompile_backward(q4, k4, v4, bool(is_causal), policy)
+    o4, lse, ran = _dispatch("fwd", policy, bool(is_causal), q4, k4, v4)
     return o4.view(q.shape), lse.view(q.shape[:-1]), ran
 
 
@@ -1093,6 +1169,9 @@ def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Pol
     """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"} or {"bwd"} -> tiles), from the saved L;
     dk, dv summed over each key/value head's group of query heads."""
     policy = policy or default_policy()
+    if not INTERPRET:
+        _first_call()
+        precompile.wait_all()  # a background compile of these kernels, if any, is finished first
     q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
     Z, H, n_q, _ = q4.shape
     lse3 = lse.reshape(Z, H, n_q)
@@ -1132,7 +1211,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         policy = policy or default_policy()
         if deterministic is not None and policy.deterministic is not bool(deterministic):
             policy = replace(policy, deterministic=bool(deterministic))
-        o, lse, ran = launch_forward(q, k, v, bool(is_causal), policy=policy)
+        o, lse, ran = launch_forward(q, k, v, bool(is_causal), policy=policy,
+                                     precompile_backward=True in ctx.needs_input_grad)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.policy, ctx.ran = bool(is_causal), policy, ran
         return o

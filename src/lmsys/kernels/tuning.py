@@ -156,18 +156,24 @@ class Tuner:
         chosen = self.memory.get(key)
         if chosen is not None:
             return chosen
-        if len(candidates) == 1:
-            chosen = candidates[0]
-        else:
-            text = "|".join(map(str, key))
-            stored = self._read().get(text)
-            chosen = next((c for c in candidates if config_json(c) == stored), None)
-            if chosen is None:
-                if compile_one is not None:
-                    compile_together([functools.partial(compile_one, c) for c in candidates])
-                chosen = _fastest(candidates, run)
-                self._write(text, config_json(chosen))
+        chosen = self.known(key, candidates)
+        if chosen is None:
+            if compile_one is not None:
+                compile_together([functools.partial(compile_one, c) for c in candidates])
+            chosen = _fastest(candidates, run)
+            self._write("|".join(map(str, key)), config_json(chosen))
         self.memory[key] = chosen
+        return chosen
+
+    def known(self, key: tuple, candidates: Sequence):
+        """What `choose` returns without timing: the remembered config, else the only candidate, else the one
+        the disk file names; None where it would time. Changes nothing (a background precompile asks it)."""
+        chosen = self.memory.get(key)
+        if chosen is None and len(candidates) == 1:
+            chosen = candidates[0]
+        elif chosen is None:
+            stored = self._read().get("|".join(map(str, key)))
+            chosen = next((c for c in candidates if config_json(c) == stored), None)
         return chosen
 
     def _stamp(self) -> dict:
