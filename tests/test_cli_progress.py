@@ -68,7 +68,7 @@ def test_bench_attention_reports_the_steps_of_each_row(recorder):
 
 @pytest.mark.slow
 def test_plan_calibrate_and_validate_plan_their_rows_and_start_each(recorder):
-    from lmsys.plan.calibrate import calibrate
+    from lmsys.plan.calibrate import HOST_BLOCKS, calibrate
     from lmsys.plan.validate import validate
     from lmsys.plan.shape import load_shape
 
@@ -81,9 +81,18 @@ def test_plan_calibrate_and_validate_plan_their_rows_and_start_each(recorder):
 
     recorder.events.clear()
     validate(sizes=["tiny"], dtypes=["fp32"], checkpoints=["none", "block"], batch_size=1, warmup=0, steps=2,
-             device=cpu, profile=prof)
+             device=cpu, profile=prof, host_rate="profile")
     assert recorder.rows() == (1, ["tiny fp32"])
     assert recorder.loops() == [(2, 2), (2, 2)]  # bench e2e's steps, one loop per checkpoint policy
+
+    recorder.events.clear()  # --host-rate beside (the default): the host twins' loops before and after them
+    validate(sizes=["tiny"], dtypes=["fp32"], checkpoints=["none", "block"], batch_size=1, warmup=0, steps=2,
+             device=cpu, profile=prof)
+    assert recorder.rows() == (1, ["tiny fp32"])
+    loops = recorder.loops()
+    twin = len(HOST_BLOCKS) * 2  # block counts × checkpoint policies
+    assert loops[twin:twin + 2] == [(2, 2), (2, 2)] and len(loops) == 2 * twin + 2, loops
+    assert all(done == total for total, done in loops)
 
 
 def _plain(shown: str) -> str:
