@@ -873,3 +873,65 @@ def test_plan_train_user_errors_are_one_line(lmsys, args, message):
         assert r.code == 0, r.err
         return
     assert r.code == 2 and message in r.err and "Traceback" not in r.err, r.err
+
+
+def test_block_elementwise_rate_is_a_blocks_device_time_less_its_matmuls(monkeypatch):
+    # plan calibrate's block elementwise rate, with planted device times for the 1- and 3-block steps:
+    # one block's time is half their difference; less the block's matmuls at the profile's rates it
+    # leaves the elementwise kernels' ms, over which the bytes the time model counts give the rate;
+    # capped at the contiguous multiply's rate (also where the matmuls alone exceed the block's time)
+    import torch
+
+    from lmsys.plan import calibrate as cal
+    from lmsys.plan.profile import rates as profile_rates
+
+    m = load_shape("tiny")
+    profile = {"device": "cpu", "matmul_tflops": {"bf16": 1e-3}, "attention_tflops": {"bf16": 1e-3},
+               "hbm_GBps": 50.0, "elementwise_GBps": 40.0}
+    bc = ptime.block_cost(m, b=2, t=1, sp=False, prec=mem.precision("bf16", master_weights=False),
+                          rates=profile_rates(profile, "bf16"))
+    matmuls, moved = bc.matmul_fwd + bc.matmul_bwd, bc.bytes_fwd + bc.bytes_bwd
+    assert bc.cast_bytes > 0 and moved > bc.cast_bytes  # autocast: the weights' casts count as moved bytes
+
+    def planted(times):
+        it = iter(times)
+        monkeypatch.setattr(cal, "kernel_ms", lambda fn, **kw: next(it))
+
+    elementwise_ms = moved / 10e9 * 1e3  # as if they ran at 10 GB/s
+    planted([5.0, 5.0 + 2 * (matmuls + elementwise_ms)])
+    gbps, row = cal._block_elementwise(m, profile, device=torch.device("cpu"), dtype="bf16", batch_size=2,
+                                       warmup=0, steps=1)
+    assert gbps == pytest.approx(10.0) and row["ms"] == pytest.approx(elementwise_ms)
+    assert row["what"] == "elementwise, a block's own kernels" and row["shape"] == f"3 - 1 blocks, b2 s{m.seq}"
+    planted([5.0, 5.0 + 2 * (matmuls + moved / 400e9 * 1e3)])  # faster than the multiply: its rate
+    assert cal._block_elementwise(m, profile, device=torch.device("cpu"), dtype="bf16", batch_size=2,
+                                  warmup=0, steps=1)[0] == 40.0
+    planted([5.0, 5.0 + matmuls])  # the matmuls took more than the block: the multiply's rate
+    assert cal._block_elementwise(m, profile, device=torch.device("cpu"), dtype="bf16", batch_size=2,
+                                  warmup=0, steps=1)[0] == 40.0
+
+
+def test_profile_rates_take_the_blocks_elementwise_rate_for_its_dtype():
+    from lmsys.plan.profile import rates as profile_rates
+
+    profile = {"device": "x", "matmul_tflops": {"bf16": 1.0, "fp32": 1.0}, "attention_tflops": {"bf16": 1.0, "fp32": 1.0},
+               "hbm_GBps": 50.0, "elementwise_GBps": 40.0, "block_elementwise_GBps": {"bf16": 12.5}}
+    assert profile_rates(profile, "bf16").elementwise_GBps == 12.5
+    assert profile_rates(profile, "fp32").elementwise_GBps == 40.0  # not measured for fp32: the multiply's
+    del profile["elementwise_GBps"], profile["block_elementwise_GBps"]
+    assert profile_rates(profile, "fp32").elementwise_GBps is None  # an older profile: the HBM rate
+
+
+def test_block_elementwise_runs_the_models_blocks_on_a_cpu():
+    # unpatched: the 1- and 3-block steps at the model's width and sequence, timed (a CPU: wall time), a rate
+    # no faster than the multiply's
+    import torch
+
+    from lmsys.plan import calibrate as cal
+
+    m = load_shape("tiny")
+    profile = {"device": "cpu", "matmul_tflops": {"fp32": 0.05}, "attention_tflops": {"fp32": 0.05},
+               "hbm_GBps": 10.0, "elementwise_GBps": 5.0}
+    gbps, row = cal._block_elementwise(m, profile, device=torch.device("cpu"), dtype="fp32", batch_size=1,
+                                       warmup=1, steps=1)
+    assert 0 < gbps <= 5.0 and row["GB/s"] == gbps and row["dtype"] == "fp32"

@@ -4,7 +4,8 @@ Timed with lmsys.core.timing's timer, per dtype: each model's matmuls as the mod
 backward apart (on a GPU a CUDA graph of repeats: the device's time alone), materialized attention's s×s
 products, attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's
 naive attention, SDPA otherwise); a large copy (HBM or RAM bandwidth), an elementwise multiply at the
-model's activation size, the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
+model's activation size, on a GPU the rate a block's own elementwise kernels reach (the profiler's kernel
+time of one block, less its matmuls), the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
 model with 2 and 6 blocks, their ops counted with a dispatch mode), and the all-reduce busbw per size and
 world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the one launcher): with
 nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a CPU (a few sizes,
@@ -50,7 +51,8 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
     tokens = batch_size * m.seq
     shapes = {model.name: _matmul_shapes(model, tokens=batch_size * model.seq) for model in models}
     naive = [model for model in models if model.attention != "flash"]
-    progress.plan_rows(len(dtypes) * (sum(map(len, shapes.values())) + len(naive) + len(models) + 1) + 3)
+    per_dtype = sum(map(len, shapes.values())) + len(naive) + len(models) + 1 + (device.type == "cuda")
+    progress.plan_rows(len(dtypes) * per_dtype + 3)
     for dtype in dtypes:
         dt = torch_dtype(dtype)
         total_flops = total_ms = 0.0
@@ -117,6 +119,13 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
     profile["optimizer_GBps"] = numel * optimizer_bytes(PRECISIONS["fp32"]) / (ms * 1e-3) / 1e9
     rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
                  "ms": ms, "GB/s": profile["optimizer_GBps"]})
+    if device.type == "cuda":  # the elementwise rate a block's own kernels reach (a CPU: the multiply's)
+        for dtype in dtypes:
+            progress.start_row(f"block elementwise {dtype}")
+            gbps, row = _block_elementwise(m, profile, device=device, dtype=dtype, batch_size=batch_size,
+                                           warmup=warmup, steps=steps)
+            profile.setdefault("block_elementwise_GBps", {})[dtype] = gbps
+            rows.append(row)
     profile["host_overlap"] = device.type == "cuda"
     if device.type == "cpu":  # the threads every rate above was measured with (plan validate scales by them)
         profile["threads"] = torch.get_num_threads()
@@ -222,13 +231,14 @@ def device_memory_GB(device) -> float | None:
 
 
 def _optimizer(device, *, warmup: int, steps: int) -> tuple[float, int]:
-    """(ms, parameters) of the AdamW step bench e2e runs here (fused on a GPU) over 16 M fp32 parameters
-    in 4 tensors, gradients set."""
+    """(ms, parameters) of the AdamW step bench e2e runs here (fused on a GPU) over fp32 parameters in 4
+    tensors, gradients set: 256 M on a GPU (4 GiB with gradients and moments; at 16 M the fused step ran
+    at 2.1 TB/s on an H200, inside xl's and 2.7b's steps at 2.7), 4 M on a CPU."""
     import torch
 
     from lmsys.train.optim import make_optimizer
 
-    numel = (16 if device.type == "cuda" else 4) * 2**20
+    numel = (256 if device.type == "cuda" else 4) * 2**20
     params = [torch.nn.Parameter(torch.randn(numel // 4, device=device)) for _ in range(4)]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -296,10 +306,11 @@ def _core_ops(m: ModelShape, *, device, dtype: str) -> int:
 HOST_SEQ = 16  # the host twin's sequence length: the device's work stays negligible beside the host's
 
 
-def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str, width: str = "tiny"):
-    """bench e2e's plain step of `layers` blocks of `m`'s kind (attention, kv heads) at batch 1: "tiny"
-    (16 wide, 8 tokens: counting ops) or "model" (`m`'s width and heads, HOST_SEQ tokens, a 32-token
-    vocabulary: the host's cost of the model's own ops, tensors of its sizes)."""
+def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str, width: str = "tiny",
+               seq: int = HOST_SEQ, batch: int = 1):
+    """bench e2e's plain step of `layers` blocks of `m`'s kind (attention, kv heads): "tiny" (16 wide, 8
+    tokens, batch 1: counting ops) or "model" (`m`'s width and heads, `batch` sequences of `seq` tokens, a
+    32-token vocabulary: by default the host's cost of the model's own ops, tensors of its sizes)."""
     from lmsys.bench import e2e
     from lmsys.model.config import ModelConfig
     from lmsys.train.build import build_train_step
@@ -310,12 +321,13 @@ def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: st
     attn_impl = "naive" if m.attention == "naive" else "sdpa"
     if width == "model":
         cfg = ModelConfig(d_model=m.d_model, d_ff=m.d_ff, num_layers=layers, num_heads=m.heads, vocab_size=32,
-                          context_length=HOST_SEQ, attn_impl=attn_impl,
+                          context_length=seq, attn_impl=attn_impl,
                           num_kv_heads=m.kv_heads if m.kv_heads != m.heads else None)
     else:
         cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
                           attn_impl=attn_impl, num_kv_heads=1 if m.kv_heads != m.heads else None)
-    (_, workload), = e2e.resolve_workloads([("tiny", cfg)], checkpoints=[checkpoint], batch_size=1, dtype=dtype,
+    (_, workload), = e2e.resolve_workloads([("tiny", cfg)], checkpoints=[checkpoint],
+                                          batch_size=batch if width == "model" else 1, dtype=dtype,
                                           cuda_graphs=False, **options)
     step = build_train_step(workload, device)
     inputs, targets = random_batch(workload, device)
@@ -350,6 +362,62 @@ class _Count:
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
+
+
+BLOCKS = (1, 3)  # the block counts whose difference is one block's device time (block elementwise)
+
+
+def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batch_size: int, warmup: int,
+                       steps: int) -> tuple[float, dict]:
+    """(GB/s, row): the rate at which a block's own elementwise kernels (norms, RoPE, the scores' chain,
+    activation, residual adds, autocast's casts) move the bytes the time model counts for them. The device
+    time of one block's forward and backward (kernels summed by the profiler, BLOCKS' difference, `m`'s
+    width at batch_size × its sequence) less its matmuls at the rates measured above. Kernels of many kinds
+    (strided, converting, fp32 softmax under autocast) reach well below a contiguous multiply: on an H200
+    inside 2.7b's bf16 step they took 80 ms where the multiply's rate predicted 37. Capped at that
+    multiply's rate (no elementwise kernel beats it; a block whose matmuls ran faster than timed alone
+    would otherwise leave too little)."""
+    from lmsys.plan import memory as mem
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.time import block_cost
+    from lmsys.train.step import run_step
+
+    per_block = []
+    for layers in BLOCKS:
+        step, inputs, targets = _tiny_step(m, layers=layers, checkpoint="none", device=device, dtype=dtype,
+                                           width="model", seq=m.seq, batch=batch_size)
+        per_block.append(kernel_ms(lambda: run_step(step, inputs, targets, mode="fwd-bwd"), device=device,
+                                   warmup=warmup, steps=max(steps, 3)))
+    block_ms = (per_block[1] - per_block[0]) / (BLOCKS[1] - BLOCKS[0])
+    bc = block_cost(m, b=batch_size, t=1, sp=False, prec=mem.precision(dtype, master_weights=False),
+                    rates=profile_rates(profile, dtype))
+    moved = bc.bytes_fwd + bc.bytes_bwd
+    elementwise_ms = block_ms - bc.matmul_fwd - bc.matmul_bwd
+    cap = float(profile["elementwise_GBps"])
+    gbps = cap if elementwise_ms <= 0 else min(cap, moved / (elementwise_ms * 1e-3) / 1e9)
+    return gbps, {"what": "elementwise, a block's own kernels", "dtype": dtype,
+                  "shape": f"{BLOCKS[1]} - {BLOCKS[0]} blocks, b{batch_size} s{m.seq}", "ms": elementwise_ms,
+                  "GB/s": gbps}
+
+
+def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
+    """The device time of one call of `fn` on a GPU: its kernels' (and copies') durations summed by the
+    profiler, gaps left out, whoever sets the pace (the host, for a small step). Elsewhere, where the host
+    is the device: its median time."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
+    for _ in range(max(warmup, 1)):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize(device)
+    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e3 / steps
 
 
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on

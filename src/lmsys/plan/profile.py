@@ -3,7 +3,8 @@
 Keys: device (its name), memory_GB (its memory: a GPU's, or a CPU host's RAM), matmul_tflops and attention_tflops ({dtype: TFLOP/s}), hbm_GBps, busbw
 ({world size: {bytes: all-reduce busbw GB/s}}: nccl on GPUs, gloo on a CPU) and latency_us (the smallest
 all-reduce's time) where measured, and intra_GBps / inter_GBps when known; elementwise_GBps and
-optimizer_GBps, gemm_tflops ({dtype: [[M, K, N, forward, backward TFLOP/s], ...]}: the model's matmuls) and
+optimizer_GBps, block_elementwise_GBps ({dtype: GB/s}: a block's own elementwise kernels over the bytes the time
+model counts; a GPU; in place of elementwise_GBps for that dtype), gemm_tflops ({dtype: [[M, K, N, forward, backward TFLOP/s], ...]}: the model's matmuls) and
 scores_tflops ({dtype: [[heads × batch, s, d, forward, backward], ...]}: s×s attention's products) where
 timed, host_overlap (a GPU: true), threads (a CPU: the threads every rate was measured with),
 launch_us ({dtype: µs per dispatched op}), launch_us_recompute ({dtype: µs per op a recomputed block
@@ -70,7 +71,8 @@ def rates(profile: dict, dtype: str, *, fallback: Rates | None = None) -> Rates:
                  attention_tflops=float(profile["attention_tflops"][dtype]), hbm_GBps=float(profile["hbm_GBps"]),
                  intra_GBps=intra, inter_GBps=inter, latency_us=float(profile.get("latency_us", 10.0)),
                  source=f"calibrated on {profile['device']}", busbw=busbw,
-                 elementwise_GBps=_number(profile.get("elementwise_GBps")),
+                 elementwise_GBps=_number((profile.get("block_elementwise_GBps") or {}).get(dtype,
+                                                                                      profile.get("elementwise_GBps"))),
                  optimizer_GBps=_number(profile.get("optimizer_GBps")),
                  launch_us=float((profile.get("launch_us") or {}).get(dtype, Rates.launch_us)),
                  launch_us_recompute=_number((profile.get("launch_us_recompute") or {}).get(dtype)),

@@ -9,7 +9,8 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   own shapes (`plan calibrate`) gives each matmul, and the s×s products, the rate of the nearest shape it
   measured, forward and backward apart (small and skinny GEMMs run well below the large ones' rate).
 - Elementwise ops (norms, activation, softmax, dropout, residual adds, RoPE) move the bytes `elementwise`
-  counts at the HBM rate; their backward moves twice the forward's bytes. Autocast over fp32 weights adds
+  counts at the elementwise rate (calibrated on a GPU: what a block's own elementwise kernels reach, far
+  below a contiguous multiply's; else the HBM rate); their backward moves twice the forward's bytes. Autocast over fp32 weights adds
   its casts at that rate: per micro-batch each matmul weight read in fp32 and written in the compute dtype
   (forward, and the recompute), its gradient read back and written in fp32 (backward).
 - Tensor parallelism is not overlapped (Megatron-LM): 4 all-reduces per block per micro-batch (2 forward,
@@ -262,17 +263,28 @@ def param_tensors(m: ModelShape, lay: Layout) -> int:
     return int(m.layers / lay.pp * per_block) + 3 + int(m.learned_positions)
 
 
-def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus_per_node: int) -> StepTime:
-    s, b, h, t, p = m.seq, lay.micro_batch, m.d_model, lay.tp, lay.pp
-    tokens = s * b
-    ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
-    opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's forward and backward on one GPU for one micro-batch: the matmuls' ms (attention's
+    products, or its fused kernel, included) and the bytes its elementwise ops move (autocast's casts
+    included), which the step divides by the elementwise rate."""
 
-    # one block, one micro-batch, one GPU
-    gemms = block_gemms(m, tokens=tokens, tp=t)
+    matmul_fwd: float
+    matmul_bwd: float
+    attn_fwd: float  # attention's part of matmul_fwd (selective recomputation runs it again)
+    bytes_fwd: float
+    bytes_bwd: float
+    core_bytes: float  # the attention core's forward bytes (selective recomputation moves them again)
+    cast_bytes: float  # autocast's casts of the weights (forward) and their gradients (backward), in bytes_*
+
+
+def block_cost(m: ModelShape, *, b: int, t: int, sp: bool, prec: Precision, rates: Rates) -> BlockCost:
+    """`BlockCost` of `m` at micro-batch `b`, tensor parallel degree `t` (sequence parallel `sp`)."""
+    s, h = m.seq, m.d_model
+    gemms = block_gemms(m, tokens=s * b, tp=t)
     gemm_fwd = sum(rates.matmul_ms(M, K, N) for _, M, K, N in gemms)
     gemm_bwd = sum(rates.matmul_ms(M, K, N, backward=True) for _, M, K, N in gemms)
-    outside, core = elementwise_bytes(m, b=b, prec=prec, tp=t, sp=lay.sp)
+    outside, core = elementwise_bytes(m, b=b, prec=prec, tp=t, sp=sp)
     if m.attention == "flash":
         attn_fwd = 4 * b * s * s * h / t / 2 / (rates.attention_tflops * 1e12 / 1e3)  # QKᵀ and ·V, the causal half
         attn_bwd = 2.5 * attn_fwd
@@ -282,13 +294,26 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         attn_bwd = rates.scores_ms(heads, s, m.d_head, backward=True)
     # autocast over fp32 weights: every micro-batch's forward casts each matmul weight (read fp32, write the
     # compute dtype; again in a full recompute) and its backward casts the weight's gradient back up
-    cast_fwd = (prec.weight + prec.cast) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
-    cast_bwd = (prec.cast + prec.grad) * layer_matmul_params(m) / t / ew if prec.cast else 0.0
-    fwd = gemm_fwd + attn_fwd + (outside + core) / ew + cast_fwd
-    bwd = gemm_bwd + attn_bwd + 2 * (outside + core) / ew + cast_bwd
+    cast_fwd = (prec.weight + prec.cast) * layer_matmul_params(m) / t if prec.cast else 0.0
+    cast_bwd = (prec.cast + prec.grad) * layer_matmul_params(m) / t if prec.cast else 0.0
+    return BlockCost(matmul_fwd=gemm_fwd + attn_fwd, matmul_bwd=gemm_bwd + attn_bwd, attn_fwd=attn_fwd,
+                     bytes_fwd=outside + core + cast_fwd, bytes_bwd=2 * (outside + core) + cast_bwd, core_bytes=core,
+                     cast_bytes=cast_fwd + cast_bwd)
+
+
+def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus_per_node: int) -> StepTime:
+    s, b, h, t, p = m.seq, lay.micro_batch, m.d_model, lay.tp, lay.pp
+    tokens = s * b
+    ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e9 / 1e3
+    opt_rate = (rates.optimizer_GBps or rates.hbm_GBps) * 1e9 / 1e3
+
+    # one block, one micro-batch, one GPU
+    bc = block_cost(m, b=b, t=t, sp=lay.sp, prec=prec, rates=rates)
+    fwd = bc.matmul_fwd + bc.bytes_fwd / ew
+    bwd = bc.matmul_bwd + bc.bytes_bwd / ew
     # what the backward runs again, once per block per micro-batch: the attention core's forward
     # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
-    recompute = {"none": 0.0, "selective": attn_fwd + core / ew, "full": fwd}[lay.checkpoint]
+    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd}[lay.checkpoint]
 
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
     tp_inter = t > gpus_per_node
@@ -365,8 +390,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     flops = flops_per_token(m) * s * lay.global_batch
     parts = {"fwd block ms": fwd, "bwd block ms": bwd, "tp per block ms": tp_block, "head ms": head,
              "stage ms per micro-batch": stage_mb, "host fwd ms": host_fwd, "host bwd ms": host_bwd,
-             "host optimizer ms": host_opt, "elementwise fwd block ms": (outside + core) / ew,
-             "autocast casts block ms": cast_fwd + cast_bwd}
+             "host optimizer ms": host_opt, "elementwise fwd block ms": bc.bytes_fwd / ew,
+             "elementwise bwd block ms": bc.bytes_bwd / ew, "autocast casts block ms": bc.cast_bytes / ew}
     return StepTime(compute, recompute_ms, tp_comm, pp_comm, dp_comm, bubble, optimizer, host, flops, parts)
 
 
