@@ -7,7 +7,11 @@
 #   degenerate-nsys  the same pair under nsys (kernel and CUDA API summaries as CSV: what differs)
 #   plan        one GPU: plan calibrate (the matmul shapes of xl and of PLAN_SIZES, fp32 and bf16; the host twin
 #               at xl's width), then PLAN_REPS (default 2) runs of plan validate over small..2.7b (PLAN_SIZES),
-#               fp32 and bf16, with and without checkpointing, 10 timed steps a row (issue 30: within 10 %)
+#               fp32 and bf16, with and without checkpointing, 10 timed steps a row (issue 30: within 10 %), at
+#               PLAN_BATCH sequences (default 4, bench e2e's default; calibrated at it too); PLAN_MESH=none
+#               leaves the parallel train rows out
+#   breakdown   one GPU: scripts/plan_breakdown.py over BREAKDOWN_SIZES (default xl,2.7b), fp32 and bf16: each
+#               step's kernels (GEMM, AdamW, the rest) and host time beside the time model's parts
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
 #   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
 #   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
@@ -40,11 +44,17 @@ if part degenerate-nsys; then  # the same pair under nsys: kernels (with instanc
 fi
 if part plan; then
   SIZES=${PLAN_SIZES:-small,medium,large,xl,2.7b}
-  T=180 X python3 -m lmsys plan calibrate --size "${CAL_SIZES:-xl,small,medium,large,2.7b}" --dtype fp32,bf16 --profile "$OUT/gpu.yaml" -f md \
-    >> "$OUT/plan.md"
+  B=${PLAN_BATCH:-4}
+  T=180 X python3 -m lmsys plan calibrate --size "${CAL_SIZES:-xl,small,medium,large,2.7b}" --dtype fp32,bf16 \
+    --batch-size "$B" --profile "$OUT/gpu.yaml" -f md >> "$OUT/plan.md"
   for i in $(seq "${PLAN_REPS:-2}"); do
-    T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --warmup 2 --steps 10
+    T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
+      ${PLAN_MESH:+--mesh "$PLAN_MESH"} --warmup 2 --steps 10
   done
+fi
+if part breakdown; then
+  T=200 X python3 scripts/plan_breakdown.py --sizes "${BREAKDOWN_SIZES:-xl,2.7b}" --dtypes bf16,fp32 \
+    --batch-size "${PLAN_BATCH:-4}" | tee "$OUT/breakdown.txt"
 fi
 # xl has 25 heads, which tp=2 does not divide: the multi-GPU parts take xl with 20 (scripts/gpu/xl-h20.yaml)
 W2="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"
