@@ -114,6 +114,33 @@ def measure(workload, device) -> tuple[dict, float, tuple]:
         return median, sorted(issue)[1], kernels(train, device)
 
 
+def host_us(shape, device, dtype: str, batch: int) -> tuple[float, float]:
+    """(µs an op of the host twin plan calibrate uses: the model's width, 16 tokens; the same difference of
+    1- and 3-block steps (forward and backward) at the step's own tokens, each timed on the host from an
+    empty queue): does an op cost the host more when its tensors are the step's size?"""
+    import statistics
+
+    from lmsys.core.timing import synchronize
+    from lmsys.plan.calibrate import _tiny_step, measure_host
+    from lmsys.train.step import run_step
+
+    us16, _, ops, _ = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)
+    issue = {}
+    for layers in (1, 3):
+        step, inputs, targets = _tiny_step(shape, layers=layers, checkpoint="none", device=device, dtype=dtype,
+                                           width="model", seq=shape.seq, batch=batch)
+        times = []
+        for i in range(7):
+            synchronize(device)
+            t0 = time.perf_counter()
+            run_step(step, inputs, targets, mode="fwd-bwd")
+            if i >= 2:
+                times.append((time.perf_counter() - t0) * 1e3)
+        synchronize(device)
+        issue[layers] = statistics.median(times)
+    return us16, (issue[3] - issue[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
+
+
 def main() -> None:
     from lmsys.bench import e2e
     from lmsys.model.config import get_config, resolve_configs
@@ -164,6 +191,7 @@ def main() -> None:
             host = st.parts["host fwd ms"] + st.parts["host bwd ms"] + st.parts["host optimizer ms"]
             clocks.label = label = f"{size} {dtype}"
             median, issue, (gemm, adamw, other, names) = measure(workload, device)
+            twin16, twin_step = host_us(shape, device, dtype, b)
             print(f"\n== {label}, batch {b}: {clocks.summary(label)}")
             print(f"measured: step {median['step']:.1f} ms (forward {median['forward']:.1f}, backward "
                   f"{median['backward']:.1f}, optimizer {median['optimizer']:.1f}); host issue {issue:.1f} ms")
@@ -171,6 +199,8 @@ def main() -> None:
             print(f"model:    matmuls {matmuls:.1f} + other {st.compute + st.recompute - matmuls:.1f} + AdamW "
                   f"{st.optimizer:.1f} = device {st.compute + st.recompute + st.optimizer:.1f} ms; host {host:.1f}; "
                   f"total {st.total:.1f} ({100 * (st.total - median['step']) / median['step']:+.1f} %)")
+            print(f"host µs an op: twin at 16 tokens {twin16:.1f}, twin at the step's tokens {twin_step:.1f}, the step "
+                  f"itself {issue * rates.launch_us / host:.1f} (profile {rates.launch_us:.1f})")
             for kernel, ms in sorted(names.items(), key=lambda kv: -kv[1])[:10]:
                 print(f"   {ms:8.2f} ms  {kernel[:100]}")
             if device.type == "cuda":
