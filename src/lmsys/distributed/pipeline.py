@@ -236,7 +236,6 @@ def p2p_plan(kind: str, *, pp: int, microbatches: int, virtual_stages: int = 1) 
 class StepResult:
     loss: torch.Tensor | None  # mean over microbatches (last stage only)
     peak_activation_bytes: int | None = 0
-    peak_in_flight: int = 0
 
 
 def run_schedule(stage: PipelineModule, steps: Iterable[Step], *, inputs: list[torch.Tensor],
@@ -310,7 +309,6 @@ def run_schedule(stage: PipelineModule, steps: Iterable[Step], *, inputs: list[t
                 with region("compute"), saved(), (autocast() if autocast else nullcontext()):
                     y = stage.chunk_forward(c, x, seq_len, targets[m] if last else None)
                 held[(c, m)] = (x, y)
-                res.peak_in_flight = max(res.peak_in_flight, len(held))
                 if measure_activations:
                     sizes[(c, m)] = current[0]
                     res.peak_activation_bytes = max(res.peak_activation_bytes, sum(sizes[k] for k in held))

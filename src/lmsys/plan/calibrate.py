@@ -382,13 +382,13 @@ def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batc
     from lmsys.plan.time import block_cost
     from lmsys.train.step import run_step
 
-    per_block = []
+    totals = []  # device ms of a step of BLOCKS[0], then BLOCKS[1] blocks
     for layers in BLOCKS:
         step, inputs, targets = _tiny_step(m, layers=layers, checkpoint="none", device=device, dtype=dtype,
                                            width="model", seq=m.seq, batch=batch_size)
-        per_block.append(kernel_ms(lambda: run_step(step, inputs, targets, mode="fwd-bwd"), device=device,
+        totals.append(kernel_ms(lambda: run_step(step, inputs, targets, mode="fwd-bwd"), device=device,
                                    warmup=warmup, steps=max(steps, 3)))
-    block_ms = (per_block[1] - per_block[0]) / (BLOCKS[1] - BLOCKS[0])
+    block_ms = (totals[1] - totals[0]) / (BLOCKS[1] - BLOCKS[0])
     bc = block_cost(m, b=batch_size, t=1, sp=False, prec=mem.precision(dtype, master_weights=False),
                     rates=profile_rates(profile, dtype))
     moved = bc.bytes_fwd + bc.bytes_bwd
