@@ -923,15 +923,94 @@ def test_profile_rates_take_the_blocks_elementwise_rate_for_its_dtype():
 
 
 def test_block_elementwise_runs_the_models_blocks_on_a_cpu():
-    # unpatched: the 1- and 3-block steps at the model's width and sequence, timed (a CPU: wall time), a rate
-    # no faster than the multiply's
+    # unpatched: the 1- and 3-block steps at the model's width and sequence, timed (a CPU: wall time); with
+    # matmuls that take no time and no cap, all of a block's time is elementwise: its ms and the rate it gives
     import torch
 
     from lmsys.plan import calibrate as cal
 
     m = load_shape("tiny")
-    profile = {"device": "cpu", "matmul_tflops": {"fp32": 0.05}, "attention_tflops": {"fp32": 0.05},
-               "hbm_GBps": 10.0, "elementwise_GBps": 5.0}
+    profile = {"device": "cpu", "matmul_tflops": {"fp32": 1e9}, "attention_tflops": {"fp32": 1e9},
+               "hbm_GBps": 1e9, "elementwise_GBps": 1e9}
     gbps, row = cal._block_elementwise(m, profile, device=torch.device("cpu"), dtype="fp32", batch_size=1,
                                        warmup=1, steps=1)
-    assert 0 < gbps <= 5.0 and row["GB/s"] == gbps and row["dtype"] == "fp32"
+    bc = ptime.block_cost(m, b=1, t=1, sp=False, prec=mem.PRECISIONS["fp32"], rates=_rates())
+    assert row["ms"] > 0 and gbps == pytest.approx((bc.bytes_fwd + bc.bytes_bwd) / (row["ms"] * 1e-3) / 1e9)
+    assert gbps < 1e9 and row["what"] == "elementwise, a block's own kernels"
+
+
+def test_block_elementwise_without_kernels_says_it_took_the_multiplys_rate(monkeypatch):
+    # a calibration under nsys or ncu: the profiler records no kernels; the multiply's rate, and the row says so
+    import torch
+
+    from lmsys.plan import calibrate as cal
+
+    monkeypatch.setattr(cal, "kernel_ms", lambda fn, **kw: 0.0)
+    profile = {"device": "cpu", "matmul_tflops": {"bf16": 1.0}, "attention_tflops": {"bf16": 1.0},
+               "hbm_GBps": 50.0, "elementwise_GBps": 40.0}
+    gbps, row = cal._block_elementwise(load_shape("tiny"), profile, device=torch.device("cpu"), dtype="bf16",
+                                       batch_size=1, warmup=0, steps=1)
+    assert gbps == 40.0 and "no kernel time recorded" in row["what"]
+
+
+def test_block_elementwise_times_lmsys_block_at_the_models_width(monkeypatch):
+    # a GPT-style model (GeLU MLP, LayerNorm, biases): the block timed is lmsys's at its width, heads and
+    # sequence, and the matmuls and bytes taken off are that block's, not the GPT block's
+    import torch
+
+    from lmsys.plan import calibrate as cal
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.shape import from_model_config
+
+    gpt = replace(GPT_PRESETS["gpt-22b"], d_model=64, d_ff=256, heads=4, kv_heads=4, seq=32, layers=2)
+    built = []
+    monkeypatch.setattr(cal, "_tiny_step", lambda m, **kw: built.append(kw) or (None, None, None))
+    it = iter([1.0, 3.0])
+    monkeypatch.setattr(cal, "kernel_ms", lambda fn, **kw: next(it))
+    profile = {"device": "cpu", "matmul_tflops": {"bf16": 1.0}, "attention_tflops": {"bf16": 1.0},
+               "hbm_GBps": 50.0, "elementwise_GBps": 1e9}
+    _, row = cal._block_elementwise(gpt, profile, device=torch.device("cpu"), dtype="bf16", batch_size=2,
+                                    warmup=0, steps=1)
+    assert [kw["layers"] for kw in built] == [1, 3] and all(kw["seq"] == 32 and kw["batch"] == 2 for kw in built)
+    twin = from_model_config(cal.twin_config(gpt, layers=1, width="model", seq=32), name="twin")
+    assert (twin.mlp, twin.d_ff, twin.attention) == ("swiglu", 256, "flash")
+    bc = ptime.block_cost(twin, b=2, t=1, sp=False, prec=mem.precision("bf16", master_weights=False),
+                          rates=profile_rates(profile, "bf16"))
+    assert row["ms"] == pytest.approx(1.0 - bc.matmul_fwd - bc.matmul_bwd)
+
+
+def test_kernel_ms_sums_the_profilers_device_events_per_call(monkeypatch):
+    # kernel_ms's GPU path with a stand-in profiler: device-typed events (kernels, copies) summed and
+    # divided by the calls; host events (launches) and user annotations on the device left out
+    import torch
+    import torch.profiler
+    from torch.autograd import DeviceType
+
+    from lmsys.plan import calibrate as cal
+
+    class Event:
+        def __init__(self, device_type, us, annotation=False):
+            self.device_type, self.is_user_annotation = device_type, annotation
+            self.time_range = type("Range", (), {"elapsed_us": lambda _self: us})()
+
+    events = [Event(DeviceType.CUDA, 300.0), Event(DeviceType.CUDA, 100.0), Event(DeviceType.CPU, 5000.0),
+              Event(DeviceType.CUDA, 7000.0, annotation=True)]
+
+    class Profile:
+        def __init__(self, activities):
+            assert activities == [torch.profiler.ProfilerActivity.CUDA]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+    calls = []
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    ms = cal.kernel_ms(lambda: calls.append(1), device=torch.device("cuda"), warmup=1, steps=2)
+    assert ms == pytest.approx(0.2) and len(calls) == 3  # (300 + 100) µs over 2 calls; one warm-up call

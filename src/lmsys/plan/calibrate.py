@@ -306,26 +306,32 @@ def _core_ops(m: ModelShape, *, device, dtype: str) -> int:
 HOST_SEQ = 16  # the host twin's sequence length: the device's work stays negligible beside the host's
 
 
+def twin_config(m: ModelShape, *, layers: int, width: str = "tiny", seq: int = HOST_SEQ):
+    """The ModelConfig of `_tiny_step`'s model: lmsys's block with `m`'s attention kind and kv heads,
+    "tiny" (16 wide, 8 tokens) or "model" (`m`'s width and heads, `seq` tokens), a 32-token vocabulary."""
+    from lmsys.model.config import ModelConfig
+
+    attn_impl = "naive" if m.attention == "naive" else "sdpa"
+    if width == "model":
+        return ModelConfig(d_model=m.d_model, d_ff=m.d_ff, num_layers=layers, num_heads=m.heads, vocab_size=32,
+                           context_length=seq, attn_impl=attn_impl,
+                           num_kv_heads=m.kv_heads if m.kv_heads != m.heads else None)
+    return ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
+                       attn_impl=attn_impl, num_kv_heads=1 if m.kv_heads != m.heads else None)
+
+
 def _tiny_step(m: ModelShape, *, layers: int, checkpoint: str, device, dtype: str, width: str = "tiny",
                seq: int = HOST_SEQ, batch: int = 1):
-    """bench e2e's plain step of `layers` blocks of `m`'s kind (attention, kv heads): "tiny" (16 wide, 8
-    tokens, batch 1: counting ops) or "model" (`m`'s width and heads, `batch` sequences of `seq` tokens, a
-    32-token vocabulary: by default the host's cost of the model's own ops, tensors of its sizes)."""
+    """bench e2e's plain step of `twin_config`'s model: "tiny" at batch 1 (counting ops) or "model" at
+    `batch` sequences of `seq` tokens (by default the host's cost of the model's own ops, tensors of its
+    sizes)."""
     from lmsys.bench import e2e
-    from lmsys.model.config import ModelConfig
     from lmsys.train.build import build_train_step
     from lmsys.train.step import random_batch
 
     options = plain_step_options(device, dtype)
     options.pop("attn_impl")
-    attn_impl = "naive" if m.attention == "naive" else "sdpa"
-    if width == "model":
-        cfg = ModelConfig(d_model=m.d_model, d_ff=m.d_ff, num_layers=layers, num_heads=m.heads, vocab_size=32,
-                          context_length=seq, attn_impl=attn_impl,
-                          num_kv_heads=m.kv_heads if m.kv_heads != m.heads else None)
-    else:
-        cfg = ModelConfig(d_model=16, d_ff=32, num_layers=layers, num_heads=2, vocab_size=32, context_length=8,
-                          attn_impl=attn_impl, num_kv_heads=1 if m.kv_heads != m.heads else None)
+    cfg = twin_config(m, layers=layers, width=width, seq=seq)
     (_, workload), = e2e.resolve_workloads([("tiny", cfg)], checkpoints=[checkpoint],
                                           batch_size=batch if width == "model" else 1, dtype=dtype,
                                           cuda_graphs=False, **options)
@@ -371,14 +377,17 @@ def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batc
                        steps: int) -> tuple[float, dict]:
     """(GB/s, row): the rate at which a block's own elementwise kernels (norms, RoPE, the scores' chain,
     activation, residual adds, autocast's casts) move the bytes the time model counts for them. The device
-    time of one block's forward and backward (kernels summed by the profiler, BLOCKS' difference, `m`'s
-    width at batch_size × its sequence) less its matmuls at the rates measured above. Kernels of many kinds
-    (strided, converting, fp32 softmax under autocast) reach well below a contiguous multiply: on an H200
-    inside 2.7b's bf16 step they took 80 ms where the multiply's rate predicted 37. Capped at that
-    multiply's rate (no elementwise kernel beats it; a block whose matmuls ran faster than timed alone
-    would otherwise leave too little)."""
+    time of one block's forward and backward (kernels summed by the profiler, BLOCKS' difference, lmsys's
+    block at `m`'s width, heads and attention kind, batch_size × `m`'s sequence) less its matmuls at the
+    rates measured above, over that block's bytes. Kernels of many kinds (strided, converting, fp32
+    softmax under autocast) reach well below a contiguous multiply: on an H200 inside 2.7b's bf16 step
+    they took 80 ms where the multiply's rate predicted 37. Capped at that multiply's rate (no
+    elementwise kernel beats it; a block whose matmuls ran faster than timed alone would otherwise leave
+    too little); the multiply's rate, said in the row, where the profiler recorded no kernels (a
+    calibration under nsys or ncu)."""
     from lmsys.plan import memory as mem
     from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.shape import from_model_config
     from lmsys.plan.time import block_cost
     from lmsys.train.step import run_step
 
@@ -387,17 +396,21 @@ def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batc
         step, inputs, targets = _tiny_step(m, layers=layers, checkpoint="none", device=device, dtype=dtype,
                                            width="model", seq=m.seq, batch=batch_size)
         totals.append(kernel_ms(lambda: run_step(step, inputs, targets, mode="fwd-bwd"), device=device,
-                                   warmup=warmup, steps=max(steps, 3)))
+                                warmup=warmup, steps=max(steps, 3)))
     block_ms = (totals[1] - totals[0]) / (BLOCKS[1] - BLOCKS[0])
-    bc = block_cost(m, b=batch_size, t=1, sp=False, prec=mem.precision(dtype, master_weights=False),
+    twin = from_model_config(twin_config(m, layers=1, width="model", seq=m.seq), name=f"{m.name} block")
+    bc = block_cost(twin, b=batch_size, t=1, sp=False, prec=mem.precision(dtype, master_weights=False),
                     rates=profile_rates(profile, dtype))
     moved = bc.bytes_fwd + bc.bytes_bwd
     elementwise_ms = block_ms - bc.matmul_fwd - bc.matmul_bwd
     cap = float(profile["elementwise_GBps"])
-    gbps = cap if elementwise_ms <= 0 else min(cap, moved / (elementwise_ms * 1e-3) / 1e9)
-    return gbps, {"what": "elementwise, a block's own kernels", "dtype": dtype,
-                  "shape": f"{BLOCKS[1]} - {BLOCKS[0]} blocks, b{batch_size} s{m.seq}", "ms": elementwise_ms,
-                  "GB/s": gbps}
+    what = "elementwise, a block's own kernels"
+    if block_ms <= 0:
+        gbps, what = cap, what + " (no kernel time recorded: the multiply's rate)"
+    else:
+        gbps = cap if elementwise_ms <= 0 else min(cap, moved / (elementwise_ms * 1e-3) / 1e9)
+    return gbps, {"what": what, "dtype": dtype, "shape": f"{BLOCKS[1]} - {BLOCKS[0]} blocks, b{batch_size} s{m.seq}",
+                  "ms": elementwise_ms, "GB/s": gbps}
 
 
 def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
@@ -417,7 +430,9 @@ def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize(device)
-    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e3 / steps
+    kernels = [e for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
 
 
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
