@@ -698,6 +698,65 @@ CPU_PROFILE = {"device": "test cpu", "matmul_tflops": {"fp32": 0.01}, "attention
                "launch_us": {"fp32": 20.0}, "busbw": {2: {1024: 0.001, 2**22: 0.5}}, "latency_us": 100.0}
 
 
+def test_validate_repeats_hold_the_median_run_against_the_twins_median(monkeypatch):
+    # --repeats: a row runs that many times between host twins; its median run is held against the
+    # prediction from the twins' median, with the runs' spread; a run that fails fails the row
+    import torch
+
+    from lmsys.bench import e2e
+    from lmsys.core.timing import Stats
+    from lmsys.model.config import get_config
+    from lmsys.plan import calibrate
+    from lmsys.plan import validate as val
+    from lmsys.plan.profile import rates as profile_rates
+    from lmsys.plan.shape import from_model_config
+
+    shape = from_model_config(get_config("tiny"), name="tiny")
+    ops, _ = calibrate.host_ops(shape, device=torch.device("cpu"), dtype="fp32")
+    twins = iter([10.0, 30.0, 20.0, 25.0])  # before, between the runs, after: median 22.5
+    monkeypatch.setattr(calibrate, "measure_host", lambda *a, **k: (next(twins), 5.0, ops, {}))
+    runs = iter([[(100, "ok"), (200, "ok")], [(140, "ok"), (260, "out of memory")], [(120, "ok"), (220, "ok")]])
+
+    def run_e2e(workloads, **kw):
+        for (_, _), (ms, status) in zip(workloads, next(runs)):
+            yield {"ms/step": Stats((ms, ms + 1, ms - 1)), "peak step MiB": ms / 10, "status": status}
+
+    monkeypatch.setattr(e2e, "run_e2e", run_e2e)
+    none, block = val.e2e_rows(sizes=["tiny"], dtypes=["fp32"], checkpoints=["none", "block"], batch_size=1,
+                               warmup=0, steps=3, device=torch.device("cpu"), profile=CPU_PROFILE, repeats=3)
+    assert none["measured ms"] == 120 and none["measured MiB"] == 14 and none["status"] == "ok"
+    assert none["time spread %"] == pytest.approx(100 * (140 - 100) / 120)
+    assert none["host µs/op"] == 22.5 and none["bound"] == "host"  # a CPU: the host's time adds in full
+    twin = {**CPU_PROFILE, "launch_us": {"fp32": 22.5}, "launch_us_recompute": {"fp32": 5.0}, "ops": {"fp32": ops}}
+    st = ptime.step_time(shape, mem.Layout(), mem.PRECISIONS["fp32"], profile_rates(twin, "fp32"), gpus_per_node=1)
+    assert none["predicted ms"] == pytest.approx(st.total, rel=1e-9)
+    assert block["status"] == "out of memory" and block["measured ms"] is None and block["time error %"] is None
+    with pytest.raises(StopIteration):
+        next(twins)  # four twins for three runs: before, twice between, after
+
+
+def test_validate_summary_gives_the_device_bound_rows_apart():
+    from lmsys.plan.validate import summary
+
+    rows = [{"time error %": -20.0, "memory error %": 1.0, "bound": "host"},
+            {"time error %": 4.0, "memory error %": -3.0, "bound": "device"},
+            {"time error %": -2.0, "memory error %": None, "bound": "device"},
+            {"time error %": None, "memory error %": None, "bound": None, "status": "out of memory"}]
+    got = summary(rows)
+    assert got["time error %"] == (pytest.approx(26 / 3), 20.0) and got["memory error %"] == (2.0, 3.0)
+    assert got["device-bound time error %"] == (3.0, 4.0)
+    assert "device-bound time error %" not in summary(rows[1:])  # all device-bound: nothing to give apart
+
+
+def test_validate_repeats_must_be_positive(lmsys, tmp_path):
+    import yaml
+
+    profile = tmp_path / "cpu.yaml"
+    profile.write_text(yaml.safe_dump(CPU_PROFILE))
+    r = lmsys("plan", "validate", "--profile", str(profile), "--repeats", "0", "--device", "cpu")
+    assert r.code == 2 and r.err.strip() == "error: --repeats must be >= 1, got 0", r.err
+
+
 def test_validate_runs_parallel_train_meshes_on_gloo_and_predicts_each_layout(lmsys, tmp_path):
     import json
 

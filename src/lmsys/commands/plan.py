@@ -135,6 +135,7 @@ def validate(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", metavar="", help="parallel train rows: sequence parallelism on the tp dim.")] = False,
     backend: Annotated[Optional[str], typer.Option(help="parallel train rows: gloo | nccl (default: as --device; nccl when a GPU is visible, else gloo).")] = None,
     host_rate: Annotated[str, typer.Option("--host-rate", help="The host's cost per dispatched op the predictions use: beside (measured before and after each size's rows, plan calibrate's twin: a host's speed drifts) | profile (the profile's).")] = "beside",
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs of each row, alternating with the host twins: the median run against the prediction from the twins' median, with the runs' spread (a host-bound step moves by ±15 % from run to run on a shared host).")] = 1,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
     quiet: QuietOpt = False,
     format: FormatOpt = None,
@@ -147,7 +148,7 @@ def validate(
 
     check_render_options(format, output, device=device, quiet=quiet)
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
-                 virtual_stages=(virtual_stages, 1))
+                 virtual_stages=(virtual_stages, 1), repeats=(repeats, 1))
     if context_length is not None:
         check_counts(context_length=(context_length, 1))
     checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
@@ -196,16 +197,20 @@ def validate(
     with progress.display("plan validate"):
         e2e_rows, mesh_rows = val.validate(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size,
                                            warmup=warmup, steps=steps, device=dev, profile=prof,
-                                           context_length=context_length, mesh_plan=mesh_plan, host_rate=host_rate)
+                                           context_length=context_length, mesh_plan=mesh_plan, host_rate=host_rate,
+                                           repeats=repeats)
     meta = {**environment(dev), "profile": f"{profile} ({prof['device']})"}
+    again = (f" {repeats} runs of each row, alternating with the host twins: the median of their medians, "
+             "and their time spread (max - min) / median.") if repeats > 1 else ""
     reports = [Report("plan validate", e2e_rows, meta, _error_notes(val.summary(e2e_rows), memory_here=dev.type == "cuda")
                       + [f"measured: bench e2e's train step, the median of {steps} timed steps after {warmup} warm-up; "
-                         "peak memory over the step.", HOST_NOTE[host_rate]])]
+                         "peak memory over the step." + again, HOST_NOTE[host_rate]])]
     if mesh_plan is not None:
         mp = mesh_plan
         run = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "
                f"micro-batches per dp rank, dp strategy {mp.dp_strategy}, {warmup} warm-up + {steps} timed steps; "
-               "lmsys.distributed.parallel_train's job, one launch per world size, no parity reference")
+               "lmsys.distributed.parallel_train's job, one launch per world size"
+               + (f" in each of {repeats} rounds (the median)" if repeats > 1 else "") + ", no parity reference")
         notes = _error_notes(val.summary(mesh_rows), memory_here=backend == "nccl") + [
             "predicted: the planner for each row's layout (dp, tp, pp, schedule and chunks, micro-batch size and count, "
             "dp strategy: bucketed = ZeRO-0, lmsys's FSDP = ZeRO-2 (gathered from its first forward to the gradient "
@@ -223,8 +228,8 @@ def validate(
 
 HOST_NOTE = {
     "beside": "host µs/op: the host's cost per dispatched op that row's prediction used, measured in this process "
-              "before and after each size's rows (plan calibrate's twins at its width) and averaged; "
-              "--host-rate profile takes the profile's.",
+              "before and after each size's rows and between their repeats (plan calibrate's twins at its width), "
+              "the median; --host-rate profile takes the profile's.",
     "profile": "host µs/op: the profile's (--host-rate profile).",
 }
 

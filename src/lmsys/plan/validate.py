@@ -100,21 +100,26 @@ def resolve_meshes(given: Optional[list[str]], *, world_sizes: Optional[list[int
 
 def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int, steps: int,
              device, profile: dict, context_length: Optional[int] = None,
-             mesh_plan: Optional[MeshPlan] = None, host_rate: str = "beside") -> tuple[list[dict], list[dict]]:
-    """(bench e2e rows, parallel train rows); `summary(rows)` gives each table's errors."""
+             mesh_plan: Optional[MeshPlan] = None, host_rate: str = "beside",
+             repeats: int = 1) -> tuple[list[dict], list[dict]]:
+    """(bench e2e rows, parallel train rows); `summary(rows)` gives each table's errors. `repeats`: each row
+    measured that many times, alternating with the host twins (`beside`), its median held against the
+    prediction from the twins' median."""
     e2e = e2e_rows(sizes=sizes, dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size, warmup=warmup,
-                   steps=steps, device=device, profile=profile, context_length=context_length, host_rate=host_rate)
+                   steps=steps, device=device, profile=profile, context_length=context_length, host_rate=host_rate,
+                   repeats=repeats)
     meshes = [] if mesh_plan is None or not mesh_plan.meshes else mesh_rows(
         mesh_plan, dtypes=dtypes, checkpoints=checkpoints, warmup=warmup, steps=steps, profile=profile,
-        host_rate=host_rate)
+        host_rate=host_rate, repeats=repeats)
     return e2e, meshes
 
 
 def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int,
              steps: int, device, profile: dict, context_length: Optional[int] = None,
-             host_rate: str = "beside") -> list[dict]:
+             host_rate: str = "beside", repeats: int = 1) -> list[dict]:
     """bench e2e (mode train) over sizes × dtypes × checkpoint policies, each predicted with `profile`;
-    host_rate "beside": with the host's cost per op measured before and after each size's rows (`beside`)."""
+    host_rate "beside": with the host's cost per op measured before and after each size's rows (`beside`),
+    and between its `repeats` runs."""
     from lmsys.bench import e2e
     from lmsys.model.config import get_config, resolve_configs
     from lmsys.plan import memory as mem
@@ -133,25 +138,47 @@ def e2e_rows(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], bat
             workloads = e2e.resolve_workloads([(name, cfg)], checkpoints=checkpoints, batch_size=batch_size,
                                               dtype=dtype, cuda_graphs=False, **options)
             shape = from_model_config(cfg, name=name)
+            runs = []
             with beside(shape, profile, device=device, dtype=dtype, on=host_rate == "beside") as host:
-                measured = list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps, device=device))
-            for (_, workload), got in zip(workloads, measured):
+                for r in range(repeats):
+                    if r:
+                        host.sample()
+                    runs.append(list(e2e.run_e2e(workloads, modes=["train"], warmup=warmup, steps=steps,
+                                                 device=device)))
+            for i, (_, workload) in enumerate(workloads):
+                ms, peak, status, spread = _combine([run[i] for run in runs], mib_key="peak step MiB")
                 lay = mem.Layout(micro_batch=batch_size, checkpoint="full" if workload.checkpoint != "none" else "none")
-                ms = got["ms/step"].median if got.get("status") == "ok" else None  # as parallel train's rows
                 row = {"size": name, "dtype": dtype, "checkpoint": workload.checkpoint}
                 row.update(_compare(shape, lay, dtype=dtype, profile=host.profile, gpus_per_node=1, scale=1.0,
-                                    ms=ms, peak_mib=got.get("peak step MiB")))
+                                    ms=ms, peak_mib=peak))
+                if repeats > 1:
+                    row["time spread %"] = spread
                 row["host µs/op"] = host.profile["launch_us"][dtype]
-                row["status"] = got.get("status")
+                row["status"] = status
                 rows.append(row)
     return rows
 
 
+def _combine(runs: list[dict], *, ms_key: Optional[str] = None, mib_key: str) -> tuple:
+    """One row's repeated measurements -> (the median of their step-time medians, the largest peak MiB,
+    status, spread: (max - min) / median of the step times, in %); a run that failed fails the row."""
+    import statistics
+
+    failed = [r for r in runs if r.get("status") != "ok"]
+    if failed:
+        return None, None, failed[0].get("status") or "error: no result", None
+    times = [r[ms_key] if ms_key else r["ms/step"].median for r in runs]
+    median = statistics.median(times)
+    peaks = [r[mib_key] for r in runs if r.get(mib_key) is not None]
+    return median, max(peaks) if peaks else None, "ok", 100 * (max(times) - min(times)) / median if median else None
+
+
 def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warmup: int, steps: int,
-              profile: dict, host_rate: str = "beside") -> list[dict]:
+              profile: dict, host_rate: str = "beside", repeats: int = 1) -> list[dict]:
     """parallel train's job over plan.meshes × dtypes × checkpoints: one launch per world size (the
-    meshes that can run there), each row predicted for its layout (host_rate "beside": with the host's
-    cost per op measured before and after the launches, in this process); rows that cannot run say why."""
+    meshes that can run there; `repeats` rounds of them), each row predicted for its layout (host_rate
+    "beside": with the host's cost per op measured before, between and after the rounds, in this process);
+    rows that cannot run say why."""
     from lmsys.distributed.mesh import parse_mesh
     from lmsys.model.config import get_config
 
@@ -165,7 +192,7 @@ def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warm
             why_not[label] = why
         else:
             runnable.setdefault(spec.world_size, []).append(label)
-    measured: dict[tuple[str, str, str], dict] = {}
+    measured: dict[tuple[str, str, str], list[dict]] = {}
     import torch
 
     shape = _shape(config, plan.size)
@@ -174,11 +201,14 @@ def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warm
              for dtype in dtypes if dtype != "fp16"}
     for host in hosts.values():
         host.__enter__()
-    for n, labels in sorted(runnable.items()):
-        jobs = [(dtype, ckpt) for dtype in dtypes for ckpt in checkpoints if dtype != "fp16"]
-        for (dtype, ckpt), rows in zip(jobs, _launch(plan, labels, jobs, world_size=n, warmup=warmup, steps=steps)):
-            for label, row in zip(labels, rows):
-                measured[label, dtype, ckpt] = row
+    for r in range(repeats):
+        for host in hosts.values() if r else ():
+            host.sample()
+        for n, labels in sorted(runnable.items()):
+            jobs = [(dtype, ckpt) for dtype in dtypes for ckpt in checkpoints if dtype != "fp16"]
+            for (dtype, ckpt), rows in zip(jobs, _launch(plan, labels, jobs, world_size=n, warmup=warmup, steps=steps)):
+                for label, row in zip(labels, rows):
+                    measured.setdefault((label, dtype, ckpt), []).append(row)
     for host in hosts.values():
         host.__exit__(None)
     out = []
@@ -188,19 +218,19 @@ def mesh_rows(plan: MeshPlan, *, dtypes: list[str], checkpoints: list[str], warm
             for ckpt in checkpoints:
                 why = why_not.get(label) or ("cannot run: parallel train with fp16 needs a gradient scaler across "
                                              "stages, which it does not have; use bf16" if dtype == "fp16" else None)
-                got = measured.get((label, dtype, ckpt), {})
+                got = measured.get((label, dtype, ckpt)) or [{}]
                 row = {"world size": spec.world_size, "mesh": spec.label,
                        "dp strategy": plan.dp_strategy if spec.dp > 1 else "-",
                        "schedule": _schedule_label(plan, spec), "dtype": dtype, "checkpoint": ckpt}
-                ok = got.get("status") == "ok"
+                ms, peak, status, spread = _combine(got, ms_key="ms/step", mib_key="peak MiB/rank")
                 host = hosts.get(dtype)
                 row.update(_compare(shape, layout(spec, plan, checkpoint=ckpt), dtype=dtype,
                                     profile=host.profile if host else profile, gpus_per_node=spec.world_size,
-                                    scale=thread_scale(profile, plan.backend, spec.world_size),
-                                    ms=got.get("ms/step") if ok else None,
-                                    peak_mib=got.get("peak MiB/rank") if ok else None))
+                                    scale=thread_scale(profile, plan.backend, spec.world_size), ms=ms, peak_mib=peak))
+                if repeats > 1:
+                    row["time spread %"] = spread
                 row["host µs/op"] = ((host.profile if host else profile).get("launch_us") or {}).get(dtype)
-                row["status"] = why or got.get("status") or "error: no result"
+                row["status"] = why or status
                 out.append(row)
     return out
 
@@ -262,33 +292,39 @@ def validate_job(ctx, *, runs: list[dict]) -> dict:
 
 class beside:
     """`with beside(shape, profile, device=, dtype=) as host:` around a run: plan calibrate's host twins (at
-    `shape`'s width) measured before and after it, and `host.profile`, the profile with their mean per-op
-    costs and op counts for `dtype`. The host's speed is a property of the moment, not of the machine: on
-    the shared hosts GPUs are lent on, the same host-bound step moved by 15-50 % between two runs minutes
-    apart while the device-bound ones held to 1 % (docs/benchmarks/plan.md). on=False: the profile's."""
+    `shape`'s width) measured before and after it (and at each `host.sample()` between repeats), and
+    `host.profile`, the profile with their median per-op costs and op counts for `dtype`. The host's speed
+    is a property of the moment, not of the machine: on the shared hosts GPUs are lent on, the same
+    host-bound step moved by ±15 % over eight runs seconds apart in one process, and a twin beside each run
+    did not track it; the median of several runs against the twins' median did (docs/benchmarks/plan.md,
+    2026-12-04). on=False: the profile's."""
 
     def __init__(self, shape, profile: dict, *, device, dtype: str, on: bool = True):
         self.shape, self.profile, self.device, self.dtype, self.on = shape, profile, device, dtype, on
-        self._before = None
+        self.samples: list[tuple] = []
 
-    def _measure(self):
-        from lmsys.plan.calibrate import measure_host
+    def sample(self) -> None:
+        """One more twin measurement (between a row's repeated runs)."""
+        if self.on:
+            from lmsys.plan.calibrate import measure_host
 
-        return measure_host(self.shape, device=self.device, dtype=self.dtype, warmup=2, steps=20)[:3]
+            self.samples.append(measure_host(self.shape, device=self.device, dtype=self.dtype, warmup=2, steps=20)[:3])
 
     def __enter__(self):
-        if self.on:
-            self._before = self._measure()
+        self.sample()
         return self
 
     def __exit__(self, kind, *exc):
         if not self.on or kind is not None:
             return False
-        after = self._measure()
-        (us0, again0, ops), (us1, again1, _) = self._before, after
-        d = self.dtype
-        self.profile = {**self.profile, "launch_us": {**(self.profile.get("launch_us") or {}), d: (us0 + us1) / 2},
-                        "launch_us_recompute": {**(self.profile.get("launch_us_recompute") or {}), d: (again0 + again1) / 2},
+        import statistics
+
+        self.sample()
+        d, ops = self.dtype, self.samples[0][2]
+        us = statistics.median(s[0] for s in self.samples)
+        again = statistics.median(s[1] for s in self.samples)
+        self.profile = {**self.profile, "launch_us": {**(self.profile.get("launch_us") or {}), d: us},
+                        "launch_us_recompute": {**(self.profile.get("launch_us_recompute") or {}), d: again},
                         "ops": {**(self.profile.get("ops") or {}), d: ops}}
         return False
 
@@ -351,14 +387,14 @@ def _compare(shape, lay, *, dtype: str, profile: dict, gpus_per_node: int, scale
     from lmsys.plan.time import step_time
 
     prec = mem.precision(dtype, master_weights=False)  # autocast over fp32 weights, as bench e2e and parallel train
-    predicted_ms = predicted_mib = None
+    predicted_ms = predicted_mib = bound = None
     try:
-        predicted_ms = step_time(shape, lay, prec, rates_for(profile, dtype, scale=scale),
-                                 gpus_per_node=gpus_per_node).total
+        st = step_time(shape, lay, prec, rates_for(profile, dtype, scale=scale), gpus_per_node=gpus_per_node)
+        predicted_ms, bound = st.total, "host" if st.host > 0 else "device"
         predicted_mib = mem.memory(shape, lay, prec, capacity=float("inf")).total / MiB
     except LmsysError:  # e.g. the profile has no bandwidth for this group: measured, not predicted
         pass
-    return {"predicted ms": predicted_ms, "measured ms": ms, "time error %": _err(predicted_ms, ms),
+    return {"predicted ms": predicted_ms, "measured ms": ms, "time error %": _err(predicted_ms, ms), "bound": bound,
             "predicted MiB": predicted_mib, "measured MiB": peak_mib, "memory error %": _err(predicted_mib, peak_mib)}
 
 
@@ -385,9 +421,16 @@ def _err(predicted: Optional[float], measured: Optional[float]) -> Optional[floa
 
 
 def summary(rows: list[dict]) -> dict:
-    """{"time error %" / "memory error %": (mean |error|, max |error|) over the rows that have one, or None}."""
-    out = {}
-    for key in ("time error %", "memory error %"):
-        errs = [abs(r[key]) for r in rows if r.get(key) is not None]
-        out[key] = (sum(errs) / len(errs), max(errs)) if errs else None
+    """{"time error %" / "memory error %": (mean |error|, max |error|) over the rows that have one, or None};
+    where some rows are host-bound (the host's per-op cost sets their pace: it drifts with a shared host's
+    load) and some are not, also "device-bound time error %" over the others."""
+    def mean_max(errs):
+        return (sum(errs) / len(errs), max(errs)) if errs else None
+
+    out = {key: mean_max([abs(r[key]) for r in rows if r.get(key) is not None])
+           for key in ("time error %", "memory error %")}
+    timed = [r for r in rows if r.get("time error %") is not None]
+    device = [abs(r["time error %"]) for r in timed if r.get("bound") == "device"]
+    if device and len(device) < len(timed):
+        out["device-bound time error %"] = mean_max(device)
     return out
