@@ -9,7 +9,10 @@ AdamW, autocast for bf16) at --batch-size, checkpoint none. It prints
 - the model's device time (GEMMs and s×s products, the rest, AdamW), host time and total, from --profile
   (a `plan calibrate` profile) or from a calibration of --sizes run first (written to $OUT/profile.json);
 - the SM clock and power while each row ran (nvidia-smi, 5 samples a second).
-The answers it gave on an H200 are in docs/benchmarks/plan.md ("Where a bench e2e step's time goes").
+--pairs N instead alternates the host twin (idle, and issued behind a sleeping kernel) with N runs of 10
+timed steps per row and predicts each run from the twins around it: does the twin track the host's speed?
+The answers it gave on an H200 are in docs/benchmarks/plan.md ("Where a bench e2e step's time goes", and
+"The host-bound rows against the host of the moment").
 A device diagnostic, not part of the package. From the repository root, on a GPU machine:
 
     PYTHONPATH=src OUT=/tmp/out python3 scripts/plan_breakdown.py --sizes xl,2.7b --dtypes bf16,fp32
@@ -141,6 +144,95 @@ def host_us(shape, device, dtype: str, batch: int) -> tuple[float, float]:
     return us16, (issue[3] - issue[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
 
 
+def busy_twin_us(shape, device, dtype: str) -> float:
+    """The host's µs an op of plan calibrate's twin (the model's width, 16 tokens, forward and backward) with
+    1 and 3 blocks, each step issued behind a 50 ms sleeping kernel and timed on the host without waiting
+    for the device: the cost of an op launched into a busy queue, as in a host-bound training step (nan on
+    a CPU)."""
+    import statistics
+
+    from lmsys.plan.calibrate import _tiny_step, host_ops
+    from lmsys.train.step import run_step
+
+    if device.type != "cuda":
+        return float("nan")
+    ops, _ = host_ops(shape, device=device, dtype=dtype)
+    ms = {}
+    for layers in (1, 3):  # 3 blocks' ~700 ops stay below the launch queue's depth (~1,000)
+        step, inputs, targets = _tiny_step(shape, layers=layers, checkpoint="none", device=device, dtype=dtype,
+                                           width="model")
+        times = []
+        for i in range(23):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100_000_000)  # ~50 ms at 2 GHz
+            t0 = time.perf_counter()
+            run_step(step, inputs, targets, mode="fwd-bwd")
+            if i >= 3:
+                times.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        ms[layers] = statistics.median(times)
+    return (ms[3] - ms[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
+
+
+def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device) -> None:
+    """Twin, 10 timed steps, twin, ... (n step runs) of bench e2e's plain step at checkpoint none: each run's
+    median beside the prediction with the twin before it, the mean of the twins around it (what plan validate's
+    `beside` does, there per size), and the median of all the twins."""
+    import statistics
+
+    from lmsys.bench import e2e
+    from lmsys.model.config import get_config, resolve_configs
+    from lmsys.plan import memory as mem
+    from lmsys.plan.calibrate import measure_host, plain_step_options
+    from lmsys.plan.time import step_time
+    from lmsys.plan.validate import rates_for
+    from lmsys.train.build import build_train_step, tf32_matmuls
+    from lmsys.train.step import random_batch
+
+    options = plain_step_options(device, dtype)
+    attn = options.pop("attn_impl")
+    (name, cfg), = resolve_configs([size], context_length=get_config(size).context_length, attn_impl=attn)
+    (_, workload), = e2e.resolve_workloads([(name, cfg)], checkpoints=["none"], batch_size=batch, dtype=dtype,
+                                           cuda_graphs=False, **options)
+    prec = mem.precision(dtype, master_weights=False)
+
+    def predict(us: float) -> float:
+        p = {**profile, "launch_us": {**profile["launch_us"], dtype: us}}
+        return step_time(shape, mem.Layout(micro_batch=batch), prec, rates_for(p, dtype), gpus_per_node=1).total
+
+    twins, runs, busy = [measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0]], [], []
+    with tf32_matmuls(workload.tf32):
+        step = build_train_step(workload, device)
+        inputs, targets = random_batch(workload, device)
+        for _ in range(n):
+            timer, _, _ = e2e.timed_steps(step, inputs, targets, mode="train", warmup=2, steps=10, device=device)
+            runs.append(timer.stats()["step"].median)
+            twins.append(measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0])
+            busy.append(busy_twin_us(shape, device, dtype))
+    del step
+    print("\n-- the twin issued behind a sleeping kernel (a busy device, as in the step), µs/op: "
+          + ", ".join(f"{u:.2f}" for u in busy) + "; idle twins: " + ", ".join(f"{u:.2f}" for u in twins))
+    if busy[0] == busy[0]:  # not nan (a GPU)
+        for i, ms in enumerate(runs):
+            print(f"   run {i}: {ms:.1f} ms; predicted with the busy twin after it {predict(busy[i]):.1f} "
+                  f"({100 * (predict(busy[i]) - ms) / ms:+.1f} %)")
+    pooled = statistics.median(twins)
+    print(f"\n== pairs: {size} {dtype}, batch {batch}; the twins' median {pooled:.2f} µs/op, device-only model "
+          f"{predict(0.1):.1f} ms")
+    print("run | twin before µs/op | measured ms | error % with: before | beside (mean of the two) | all twins' median")
+    errs = {"before": [], "beside": [], "pooled": []}
+    for i, ms in enumerate(runs):
+        for key, us in (("before", twins[i]), ("beside", (twins[i] + twins[i + 1]) / 2), ("pooled", pooled)):
+            errs[key].append(100 * (predict(us) - ms) / ms)
+        print(f"{i} | {twins[i]:.2f} | {ms:.1f} | {errs['before'][-1]:+.1f} | {errs['beside'][-1]:+.1f} | "
+              f"{errs['pooled'][-1]:+.1f}")
+    print(f"last twin {twins[-1]:.2f}; measured ms: median {statistics.median(runs):.1f}, min {min(runs):.1f}, "
+          f"max {max(runs):.1f}; max |error| %: " + ", ".join(f"{k} {max(abs(e) for e in v):.1f}"
+                                                           for k, v in errs.items()))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     from lmsys.bench import e2e
     from lmsys.model.config import get_config, resolve_configs
@@ -157,9 +249,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--profile", help="a plan calibrate profile (default: calibrate --sizes first)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    ap.add_argument("--pairs", type=int, default=0, help="instead: N alternations of the host twin and 10 timed "
+                    "steps per row, each step time predicted with the twins on either side (does the twin track "
+                    "the host's speed of the moment?)")
     args = ap.parse_args()
     sizes, dtypes, b = args.sizes.split(","), args.dtypes.split(","), args.batch_size
     out = os.environ.get("OUT", "/tmp")
+    os.makedirs(out, exist_ok=True)
     device = torch.device(args.device)
     clocks = Clocks()
     configs = {s: dict(resolve_configs([s], context_length=get_config(s).context_length))[s] for s in sizes}
@@ -176,6 +272,9 @@ def main() -> None:
 
     for size in sizes:
         for dtype in dtypes:
+            if args.pairs:
+                pairs(size, dtype, shape=shapes[size], profile=profile, batch=b, n=args.pairs, device=device)
+                continue
             options = plain_step_options(device, dtype)
             attn = options.pop("attn_impl")
             (name, cfg), = resolve_configs([size], context_length=get_config(size).context_length, attn_impl=attn)

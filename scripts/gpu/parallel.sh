@@ -9,7 +9,8 @@
 #               at xl's width), then PLAN_REPS (default 2) runs of plan validate over small..2.7b (PLAN_SIZES),
 #               fp32 and bf16, with and without checkpointing, 10 timed steps a row (issue 30: within 10 %), at
 #               PLAN_BATCH sequences (default 4, bench e2e's default; calibrated at it too); PLAN_MESH=none
-#               leaves the parallel train rows out
+#               leaves the parallel train rows out; PLAN_REPEATS=N runs each row N times between host twins
+#               (default 1; the host-bound rows move by ±15 % from run to run)
 #   breakdown   one GPU: scripts/plan_breakdown.py over BREAKDOWN_SIZES (default xl,2.7b), fp32 and bf16: each
 #               step's kernels (GEMM, AdamW, the rest) and host time beside the time model's parts (with the
 #               plan part's profile when it ran first, else calibrating its sizes itself)
@@ -50,7 +51,7 @@ if part plan; then
     --batch-size "$B" --profile "$OUT/gpu.yaml" -f md >> "$OUT/plan.md"
   for i in $(seq "${PLAN_REPS:-2}"); do
     T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
-      ${PLAN_MESH:+--mesh "$PLAN_MESH"} --warmup 2 --steps 10
+      ${PLAN_MESH:+--mesh "$PLAN_MESH"} --repeats "${PLAN_REPEATS:-1}" --warmup 2 --steps 10
   done
 fi
 if part breakdown; then
