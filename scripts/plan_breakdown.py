@@ -9,8 +9,9 @@ AdamW, autocast for bf16) at --batch-size, checkpoint none. It prints
 - the model's device time (GEMMs and s×s products, the rest, AdamW), host time and total, from --profile
   (a `plan calibrate` profile) or from a calibration of --sizes run first (written to $OUT/profile.json);
 - the SM clock and power while each row ran (nvidia-smi, 5 samples a second).
---pairs N instead alternates the host twin (idle, and issued behind a sleeping kernel) with N runs of 10
-timed steps per row and predicts each run from the twins around it: does the twin track the host's speed?
+--pairs N instead alternates the host twins (calibrate's; issued behind a sleeping kernel; with --deep at
+the model's depth) with N runs of 10 timed steps per row and predicts each run from the twins around it:
+does a twin track the host's speed of the moment?
 The answers it gave on an H200 are in docs/benchmarks/plan.md ("Where a bench e2e step's time goes", and
 "The host-bound rows against the host of the moment").
 A device diagnostic, not part of the package. From the repository root, on a GPU machine:
@@ -174,10 +175,13 @@ def busy_twin_us(shape, device, dtype: str) -> float:
     return (ms[3] - ms[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
 
 
-def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device) -> None:
-    """Twin, 10 timed steps, twin, ... (n step runs) of bench e2e's plain step at checkpoint none: each run's
-    median beside the prediction with the twin before it, the mean of the twins around it (what plan validate's
-    `beside` does, there per size), and the median of all the twins."""
+def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device, deep: bool) -> None:
+    """Twins, 10 timed steps, twins, ... (n step runs) of bench e2e's plain step at checkpoint none. The
+    twins: plan calibrate's (`idle`), the same issued behind a sleeping kernel (`busy`, a GPU only) and, with
+    `deep`, calibrate's at the model's depth (`deep`: the model's blocks less 4 against all of them, a host
+    working set as large as the step's). Each run's median beside its prediction from calibrate's twin
+    before it, the mean of the two around it (what plan validate's `beside` does), the median of all of
+    them, and from the busy and deep twins after it."""
     import statistics
 
     from lmsys.bench import e2e
@@ -200,35 +204,40 @@ def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, de
         p = {**profile, "launch_us": {**profile["launch_us"], dtype: us}}
         return step_time(shape, mem.Layout(micro_batch=batch), prec, rates_for(p, dtype), gpus_per_node=1).total
 
-    twins, runs, busy = [measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0]], [], []
+    def twins() -> dict:
+        got = {"idle": measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0],
+               "busy": busy_twin_us(shape, device, dtype)}
+        if deep:
+            got["deep"] = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20,
+                                       blocks=(max(1, shape.layers - 4), shape.layers))[0]
+        return got
+
+    seen, runs = [twins()], []
     with tf32_matmuls(workload.tf32):
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
         for _ in range(n):
             timer, _, _ = e2e.timed_steps(step, inputs, targets, mode="train", warmup=2, steps=10, device=device)
             runs.append(timer.stats()["step"].median)
-            twins.append(measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0])
-            busy.append(busy_twin_us(shape, device, dtype))
+            seen.append(twins())
     del step
-    print("\n-- the twin issued behind a sleeping kernel (a busy device, as in the step), µs/op: "
-          + ", ".join(f"{u:.2f}" for u in busy) + "; idle twins: " + ", ".join(f"{u:.2f}" for u in twins))
-    if busy[0] == busy[0]:  # not nan (a GPU)
-        for i, ms in enumerate(runs):
-            print(f"   run {i}: {ms:.1f} ms; predicted with the busy twin after it {predict(busy[i]):.1f} "
-                  f"({100 * (predict(busy[i]) - ms) / ms:+.1f} %)")
-    pooled = statistics.median(twins)
-    print(f"\n== pairs: {size} {dtype}, batch {batch}; the twins' median {pooled:.2f} µs/op, device-only model "
-          f"{predict(0.1):.1f} ms")
-    print("run | twin before µs/op | measured ms | error % with: before | beside (mean of the two) | all twins' median")
-    errs = {"before": [], "beside": [], "pooled": []}
+    idle = [t["idle"] for t in seen]
+    ways = {"idle before": lambda i: idle[i], "idle beside": lambda i: (idle[i] + idle[i + 1]) / 2,
+            "idle median": lambda i: statistics.median(idle)}
+    for kind in ("busy", "deep"):
+        if kind in seen[0] and seen[0][kind] == seen[0][kind]:  # measured, not nan
+            ways[f"{kind} after"] = lambda i, k=kind: seen[i + 1][k]
+            ways[f"{kind} median"] = lambda i, k=kind: statistics.median(t[k] for t in seen)
+    print(f"\n== pairs: {size} {dtype}, batch {batch}; device-only model {predict(0.1):.1f} ms; twins µs/op "
+          + "; ".join(f"{k}: " + ", ".join(f"{t[k]:.2f}" for t in seen) for k in seen[0]))
+    print("run | measured ms | error % with: " + " | ".join(ways))
+    errs = {k: [] for k in ways}
     for i, ms in enumerate(runs):
-        for key, us in (("before", twins[i]), ("beside", (twins[i] + twins[i + 1]) / 2), ("pooled", pooled)):
-            errs[key].append(100 * (predict(us) - ms) / ms)
-        print(f"{i} | {twins[i]:.2f} | {ms:.1f} | {errs['before'][-1]:+.1f} | {errs['beside'][-1]:+.1f} | "
-              f"{errs['pooled'][-1]:+.1f}")
-    print(f"last twin {twins[-1]:.2f}; measured ms: median {statistics.median(runs):.1f}, min {min(runs):.1f}, "
-          f"max {max(runs):.1f}; max |error| %: " + ", ".join(f"{k} {max(abs(e) for e in v):.1f}"
-                                                           for k, v in errs.items()))
+        for k, us in ways.items():
+            errs[k].append(100 * (predict(us(i)) - ms) / ms)
+        print(f"{i} | {ms:.1f} | " + " | ".join(f"{errs[k][-1]:+.1f}" for k in ways))
+    print(f"measured ms: median {statistics.median(runs):.1f}, min {min(runs):.1f}, max {max(runs):.1f}; "
+          "max |error| %: " + ", ".join(f"{k} {max(abs(e) for e in v):.1f}" for k, v in errs.items()))
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -252,6 +261,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=0, help="instead: N alternations of the host twin and 10 timed "
                     "steps per row, each step time predicted with the twins on either side (does the twin track "
                     "the host's speed of the moment?)")
+    ap.add_argument("--deep", action="store_true", help="with --pairs: also the twin at the model's depth")
     args = ap.parse_args()
     sizes, dtypes, b = args.sizes.split(","), args.dtypes.split(","), args.batch_size
     out = os.environ.get("OUT", "/tmp")
@@ -273,7 +283,8 @@ def main() -> None:
     for size in sizes:
         for dtype in dtypes:
             if args.pairs:
-                pairs(size, dtype, shape=shapes[size], profile=profile, batch=b, n=args.pairs, device=device)
+                pairs(size, dtype, shape=shapes[size], profile=profile, batch=b, n=args.pairs, device=device,
+                      deep=args.deep)
                 continue
             options = plain_step_options(device, dtype)
             attn = options.pop("attn_impl")
