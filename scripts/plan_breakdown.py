@@ -207,8 +207,8 @@ def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, de
     def twins() -> dict:
         got = {"idle": measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0],
                "busy": busy_twin_us(shape, device, dtype)}
-        if deep:
-            got["deep"] = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20,
+        if deep and shape.layers > 1:
+            got["deep"] = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20, recompute=False,
                                        blocks=(max(1, shape.layers - 4), shape.layers))[0]
         return got
 

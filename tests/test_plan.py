@@ -674,6 +674,7 @@ def test_calibrate_then_validate_on_the_cpu(lmsys, tmp_path):
     assert [(row["checkpoint"], row["status"]) for row in out["rows"]] == [("none", "ok"), ("block", "ok")]
     for row in out["rows"]:
         assert row["predicted ms"] > 0 and row["measured ms"] > 0 and row["measured MiB"] is None
+        assert "time spread %" not in row and row["bound"] == "host"  # one run; a CPU: the host computes
         assert row["time error %"] == pytest.approx(100 * (row["predicted ms"] - row["measured ms"]) / row["measured ms"])
     assert any("memory: not measurable here" in note for note in out["notes"])
     errs = [abs(row["time error %"]) for row in out["rows"]]
@@ -715,7 +716,7 @@ def test_validate_repeats_hold_the_median_run_against_the_twins_median(monkeypat
     ops, _ = calibrate.host_ops(shape, device=torch.device("cpu"), dtype="fp32")
     twins = iter([10.0, 30.0, 20.0, 25.0])  # before, between the runs, after: median 22.5
     monkeypatch.setattr(calibrate, "measure_host", lambda *a, **k: (next(twins), 5.0, ops, {}))
-    runs = iter([[(100, "ok"), (200, "ok")], [(140, "ok"), (260, "out of memory")], [(120, "ok"), (220, "ok")]])
+    runs = iter([[(100, "ok"), (200, "ok")], [(200, "ok"), (260, "out of memory")], [(120, "ok"), (220, "ok")]])
 
     def run_e2e(workloads, **kw):
         for (_, _), (ms, status) in zip(workloads, next(runs)):
@@ -724,8 +725,8 @@ def test_validate_repeats_hold_the_median_run_against_the_twins_median(monkeypat
     monkeypatch.setattr(e2e, "run_e2e", run_e2e)
     none, block = val.e2e_rows(sizes=["tiny"], dtypes=["fp32"], checkpoints=["none", "block"], batch_size=1,
                                warmup=0, steps=3, device=torch.device("cpu"), profile=CPU_PROFILE, repeats=3)
-    assert none["measured ms"] == 120 and none["measured MiB"] == 14 and none["status"] == "ok"
-    assert none["time spread %"] == pytest.approx(100 * (140 - 100) / 120)
+    assert none["measured ms"] == 120 and none["measured MiB"] == 20 and none["status"] == "ok"  # the median, not the mean
+    assert none["time spread %"] == pytest.approx(100 * (200 - 100) / 120)
     assert none["host µs/op"] == 22.5 and none["bound"] == "host"  # a CPU: the host's time adds in full
     twin = {**CPU_PROFILE, "launch_us": {"fp32": 22.5}, "launch_us_recompute": {"fp32": 5.0}, "ops": {"fp32": ops}}
     st = ptime.step_time(shape, mem.Layout(), mem.PRECISIONS["fp32"], profile_rates(twin, "fp32"), gpus_per_node=1)
@@ -746,6 +747,74 @@ def test_validate_summary_gives_the_device_bound_rows_apart():
     assert got["time error %"] == (pytest.approx(26 / 3), 20.0) and got["memory error %"] == (2.0, 3.0)
     assert got["device-bound time error %"] == (3.0, 4.0)
     assert "device-bound time error %" not in summary(rows[1:])  # all device-bound: nothing to give apart
+
+
+def test_validate_repeats_relaunch_the_mesh_rows_between_twins(monkeypatch):
+    import torch
+
+    from lmsys.model.config import get_config
+    from lmsys.plan import calibrate
+    from lmsys.plan import validate as val
+    from lmsys.plan.shape import from_model_config
+
+    ops, _ = calibrate.host_ops(from_model_config(get_config("tiny"), name="tiny"), device=torch.device("cpu"),
+                                dtype="fp32")
+    twins = []
+
+    def measure_host(*a, **k):
+        twins.append(len(twins))
+        return 10.0 * len(twins), 5.0, ops, {}  # 10, 20, 30: median 20
+
+    launches = iter([[[{"ms/step": 50.0, "peak MiB/rank": 3.0, "status": "ok"}],
+                      [{"ms/step": 80.0, "peak MiB/rank": 2.0, "status": "ok"}]],
+                     [[{"ms/step": 70.0, "peak MiB/rank": 3.5, "status": "ok"}],
+                      [{"status": "error: rank 0 died"}]]])
+    calls = []
+
+    def launch(plan, labels, jobs, *, world_size, warmup, steps):
+        calls.append((tuple(labels), tuple(jobs), world_size))
+        return next(launches)
+
+    monkeypatch.setattr(calibrate, "measure_host", measure_host)
+    monkeypatch.setattr(val, "_launch", launch)
+    plan = val.MeshPlan(meshes=["dp=1,tp=1,pp=1"], size="tiny", context_length=32, backend="gloo", micro_batch=1,
+                        microbatches=2)
+    none, block = val.mesh_rows(plan, dtypes=["fp32"], checkpoints=["none", "block"], warmup=0, steps=1,
+                                profile=CPU_PROFILE, repeats=2)
+    assert calls == [(("dp=1,tp=1,pp=1",), (("fp32", "none"), ("fp32", "block")), 1)] * 2
+    assert len(twins) == 3 and none["host µs/op"] == 20.0  # before, between, after: their median
+    assert none["measured ms"] == 60.0 and none["measured MiB"] == 3.5 and none["status"] == "ok"
+    assert none["time spread %"] == pytest.approx(100 * 20 / 60)
+    assert block["status"] == "error: rank 0 died" and block["measured ms"] is None  # a failed round fails the row
+
+
+def test_validate_rows_say_what_bounds_them_with_a_margin_for_the_host():
+    # bound: "host" when a host HOST_MARGIN slower than the measured one would add time to the step, so a
+    # row the twin's rate puts just under the device (the twins ran up to 20 % fast) is not counted as
+    # device-bound; one stage: the host term is max(0, host total - device total)
+    from lmsys.model.config import get_config
+    from lmsys.plan import validate as val
+    from lmsys.plan.shape import from_model_config
+
+    shape = from_model_config(get_config("small"), name="small")
+    lay = mem.Layout(micro_batch=4)
+    gpu = {**CPU_PROFILE, "host_overlap": True}
+
+    def row(launch_us):
+        return val._compare(shape, lay, dtype="fp32", profile={**gpu, "launch_us": {"fp32": launch_us}},
+                            gpus_per_node=1, scale=1.0, ms=None, peak_mib=None)
+
+    from lmsys.plan.profile import rates as profile_rates
+
+    st = ptime.step_time(shape, lay, mem.PRECISIONS["fp32"], profile_rates({**gpu, "launch_us": {"fp32": 1.0}}, "fp32"),
+                         gpus_per_node=1)
+    host_per_us = st.parts["host fwd ms"] + st.parts["host bwd ms"] + st.parts["host optimizer ms"]
+    device = st.total  # the host term is 0 at 1 µs an op
+    assert st.host == 0
+    under = 0.9 * device / host_per_us  # a host total 10 % under the device's: no host term, yet within the margin
+    assert row(under)["predicted ms"] == pytest.approx(device) and row(under)["bound"] == "host"
+    assert row(0.7 * device / host_per_us)["bound"] == "device"  # 30 % under: device-bound even 25 % slower
+    assert row(2 * device / host_per_us)["bound"] == "host"
 
 
 def test_validate_repeats_must_be_positive(lmsys, tmp_path):

@@ -50,7 +50,7 @@ if part plan; then
   T=180 X python3 -m lmsys plan calibrate --size "${CAL_SIZES:-xl,small,medium,large,2.7b}" --dtype fp32,bf16 \
     --batch-size "$B" --profile "$OUT/gpu.yaml" -f md >> "$OUT/plan.md"
   for i in $(seq "${PLAN_REPS:-2}"); do
-    T=300 run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
+    T=$((300 * ${PLAN_REPEATS:-1})) run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
       ${PLAN_MESH:+--mesh "$PLAN_MESH"} --repeats "${PLAN_REPEATS:-1}" --warmup 2 --steps 10
   done
 fi

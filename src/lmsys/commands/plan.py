@@ -135,7 +135,7 @@ def validate(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", metavar="", help="parallel train rows: sequence parallelism on the tp dim.")] = False,
     backend: Annotated[Optional[str], typer.Option(help="parallel train rows: gloo | nccl (default: as --device; nccl when a GPU is visible, else gloo).")] = None,
     host_rate: Annotated[str, typer.Option("--host-rate", help="The host's cost per dispatched op the predictions use: beside (measured before and after each size's rows, plan calibrate's twin: a host's speed drifts) | profile (the profile's).")] = "beside",
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs of each row, alternating with the host twins: the median run against the prediction from the twins' median, with the runs' spread (a host-bound step moves by ±15 % from run to run on a shared host).")] = 1,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs of each row, alternating with the host twins: the median run (odd N; even N: the mean of the middle two) against the prediction from the twins' median, with the runs' spread (a host-bound step moves by ±15 % from run to run on a shared host).")] = 1,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
     quiet: QuietOpt = False,
     format: FormatOpt = None,

@@ -438,8 +438,8 @@ def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
 
 
-def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int,
-                 blocks: tuple[int, int] = HOST_BLOCKS) -> tuple[float, float, dict, dict]:
+def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int, blocks: tuple[int, int] = HOST_BLOCKS,
+                 recompute: bool = True) -> tuple[float, float | None, dict, dict]:
     """(µs per dispatched op, µs per op a recomputed block dispatches again, OpCounts fields, {"none" |
     "block": ms the extra blocks took}): forward and backward of twins of the model with `blocks` blocks,
     with and without full recomputation, where the device's work is negligible (on a GPU: the model's width,
@@ -447,23 +447,29 @@ def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int,
     counts is that many blocks' host time alone, free of what a step runs once (the embedding, the loss,
     the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the ops
     those blocks dispatch (and, checkpointed, by the ops recomputation adds). `blocks`: other block counts
-    (scripts/plan_breakdown.py's twin at the model's depth)."""
+    (scripts/plan_breakdown.py's twin at the model's depth); recompute=False: the plain twins only (the
+    recomputed op's cost None)."""
     from lmsys.train.step import run_step
+
+    few, many = blocks
+    if not 1 <= few < many:
+        raise ValueError(f"the host twins' block counts must grow from 1 or more, got {blocks}")
 
     ops, _ = host_ops(m, device=device, dtype=dtype)
     width = "model" if device.type == "cuda" else "tiny"
     ms = {}
-    for checkpoint in ("none", "block"):
+    policies = ("none", "block") if recompute else ("none",)
+    for checkpoint in policies:
         for layers in blocks:
             step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype,
                                                width=width)
             # no optimizer: its device time would grow with the blocks too
             ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets, mode="fwd-bwd"),
                                              warmup=max(warmup, 3), steps=max(steps, 20), device=device).median
-    few, many = blocks
-    extra = {c: ms[c, many] - ms[c, few] for c in ("none", "block")}
+    extra = {c: ms[c, many] - ms[c, few] for c in policies}
     us = max(extra["none"] * 1e3 / ((many - few) * (ops["fwd_layer"] + ops["bwd_layer"])), 0.1)
-    us_again = max((extra["block"] - extra["none"]) * 1e3 / ((many - few) * ops["recompute_layer"]), 0.1)
+    us_again = max((extra["block"] - extra["none"]) * 1e3 / ((many - few) * ops["recompute_layer"]), 0.1) \
+        if recompute else None
     return us, us_again, ops, extra
 
 

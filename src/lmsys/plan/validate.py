@@ -296,8 +296,9 @@ class beside:
     `host.profile`, the profile with their median per-op costs and op counts for `dtype`. The host's speed
     is a property of the moment, not of the machine: on the shared hosts GPUs are lent on, the same
     host-bound step moved by ±15 % over eight runs seconds apart in one process, and a twin beside each run
-    did not track it; the median of several runs against the twins' median did (docs/benchmarks/plan.md,
-    2026-12-04). on=False: the profile's."""
+    did not track it; the median of several runs against the twins' median came within 10 % on one host,
+    and not on another, where the twins ran 15-20 % fast (docs/benchmarks/plan.md, 2026-12-04).
+    on=False: the profile's."""
 
     def __init__(self, shape, profile: dict, *, device, dtype: str, on: bool = True):
         self.shape, self.profile, self.device, self.dtype, self.on = shape, profile, device, dtype, on
@@ -380,6 +381,10 @@ def _scaled(points: tuple, scale: float) -> tuple:
     return tuple((*p[:3], p[3] * scale, p[4] * scale) for p in points)
 
 
+HOST_MARGIN = 1.25  # a row is host-bound when a host this much slower than its twins would add time to it:
+# the twins ran up to 20 % fast against the step on some H200 hosts (docs/benchmarks/plan.md, 2026-12-04)
+
+
 def _compare(shape, lay, *, dtype: str, profile: dict, gpus_per_node: int, scale: float, ms: Optional[float],
              peak_mib: Optional[float]) -> dict:
     from lmsys.core.parsing import MiB
@@ -389,8 +394,11 @@ def _compare(shape, lay, *, dtype: str, profile: dict, gpus_per_node: int, scale
     prec = mem.precision(dtype, master_weights=False)  # autocast over fp32 weights, as bench e2e and parallel train
     predicted_ms = predicted_mib = bound = None
     try:
-        st = step_time(shape, lay, prec, rates_for(profile, dtype, scale=scale), gpus_per_node=gpus_per_node)
-        predicted_ms, bound = st.total, "host" if st.host > 0 else "device"
+        rates = rates_for(profile, dtype, scale=scale)
+        predicted_ms = step_time(shape, lay, prec, rates, gpus_per_node=gpus_per_node).total
+        slower = replace(rates, launch_us=rates.launch_us * HOST_MARGIN, launch_us_recompute=None
+                         if rates.launch_us_recompute is None else rates.launch_us_recompute * HOST_MARGIN)
+        bound = "host" if step_time(shape, lay, prec, slower, gpus_per_node=gpus_per_node).host > 0 else "device"
         predicted_mib = mem.memory(shape, lay, prec, capacity=float("inf")).total / MiB
     except LmsysError:  # e.g. the profile has no bandwidth for this group: measured, not predicted
         pass
@@ -422,8 +430,9 @@ def _err(predicted: Optional[float], measured: Optional[float]) -> Optional[floa
 
 def summary(rows: list[dict]) -> dict:
     """{"time error %" / "memory error %": (mean |error|, max |error|) over the rows that have one, or None};
-    where some rows are host-bound (the host's per-op cost sets their pace: it drifts with a shared host's
-    load) and some are not, also "device-bound time error %" over the others."""
+    where some rows are host-bound (`_compare`'s `bound`: a host HOST_MARGIN slower than the one measured
+    would set their pace, and it drifts with a shared host's load) and some are not, also "device-bound
+    time error %" over the others."""
     def mean_max(errs):
         return (sum(errs) / len(errs), max(errs)) if errs else None
 
