@@ -9,8 +9,7 @@ AdamW, autocast for bf16) at --batch-size, checkpoint none. It prints
 - the model's device time (GEMMs and s×s products, the rest, AdamW), host time and total, from --profile
   (a `plan calibrate` profile) or from a calibration of --sizes run first (written to $OUT/profile.json);
 - the SM clock and power while each row ran (nvidia-smi, 5 samples a second).
---pairs N instead alternates the host twins (calibrate's; issued behind a sleeping kernel; with --deep at
-the model's depth) with N runs of 10 timed steps per row and predicts each run from the twins around it:
+--pairs N instead alternates the host twins (calibrate's; with --deep also at the model's depth) with N runs of 10 timed steps per row and predicts each run from the twins around it:
 does a twin track the host's speed of the moment?
 The answers it gave on an H200 are in docs/benchmarks/plan.md ("Where a bench e2e step's time goes", and
 "The host-bound rows against the host of the moment").
@@ -145,43 +144,14 @@ def host_us(shape, device, dtype: str, batch: int) -> tuple[float, float]:
     return us16, (issue[3] - issue[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
 
 
-def busy_twin_us(shape, device, dtype: str) -> float:
-    """The host's µs an op of plan calibrate's twin (the model's width, 16 tokens, forward and backward) with
-    1 and 3 blocks, each step issued behind a 50 ms sleeping kernel and timed on the host without waiting
-    for the device: the cost of an op launched into a busy queue, as in a host-bound training step (nan on
-    a CPU)."""
-    import statistics
-
-    from lmsys.plan.calibrate import _tiny_step, host_ops
-    from lmsys.train.step import run_step
-
-    if device.type != "cuda":
-        return float("nan")
-    ops, _ = host_ops(shape, device=device, dtype=dtype)
-    ms = {}
-    for layers in (1, 3):  # 3 blocks' ~700 ops stay below the launch queue's depth (~1,000)
-        step, inputs, targets = _tiny_step(shape, layers=layers, checkpoint="none", device=device, dtype=dtype,
-                                           width="model")
-        times = []
-        for i in range(23):
-            torch.cuda.synchronize()
-            torch.cuda._sleep(100_000_000)  # ~50 ms at 2 GHz
-            t0 = time.perf_counter()
-            run_step(step, inputs, targets, mode="fwd-bwd")
-            if i >= 3:
-                times.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
-        ms[layers] = statistics.median(times)
-    return (ms[3] - ms[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
-
-
 def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device, deep: bool) -> None:
     """Twins, 10 timed steps, twins, ... (n step runs) of bench e2e's plain step at checkpoint none. The
-    twins: plan calibrate's (`idle`), the same issued behind a sleeping kernel (`busy`, a GPU only) and, with
-    `deep`, calibrate's at the model's depth (`deep`: the model's blocks less 4 against all of them, a host
-    working set as large as the step's). Each run's median beside its prediction from calibrate's twin
-    before it, the mean of the two around it (what plan validate's `beside` does), the median of all of
-    them, and from the busy and deep twins after it."""
+    twins: plan calibrate's (`idle`) and, with `deep`, calibrate's at the model's depth (`deep`: the model's
+    blocks less 4 against all of them, a host working set as large as the step's). Each run's median beside
+    its prediction from calibrate's twin before it, the mean of the two around it (what plan validate's
+    `beside` does), the median of all of them, and from the deep twin after it and the deep twins' median.
+    (A twin issued behind a sleeping kernel, a busy device, was tried on 2026-12-04 and did not track the
+    step: docs/benchmarks/plan.md; commit 6c99b80 has it.)"""
     import statistics
 
     from lmsys.bench import e2e
@@ -205,8 +175,7 @@ def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, de
         return step_time(shape, mem.Layout(micro_batch=batch), prec, rates_for(p, dtype), gpus_per_node=1).total
 
     def twins() -> dict:
-        got = {"idle": measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0],
-               "busy": busy_twin_us(shape, device, dtype)}
+        got = {"idle": measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0]}
         if deep and shape.layers > 1:
             got["deep"] = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20, recompute=False,
                                        blocks=(max(1, shape.layers - 4), shape.layers))[0]
@@ -224,10 +193,9 @@ def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, de
     idle = [t["idle"] for t in seen]
     ways = {"idle before": lambda i: idle[i], "idle beside": lambda i: (idle[i] + idle[i + 1]) / 2,
             "idle median": lambda i: statistics.median(idle)}
-    for kind in ("busy", "deep"):
-        if kind in seen[0] and seen[0][kind] == seen[0][kind]:  # measured, not nan
-            ways[f"{kind} after"] = lambda i, k=kind: seen[i + 1][k]
-            ways[f"{kind} median"] = lambda i, k=kind: statistics.median(t[k] for t in seen)
+    if "deep" in seen[0]:
+        ways["deep after"] = lambda i: seen[i + 1]["deep"]
+        ways["deep median"] = lambda i: statistics.median(t["deep"] for t in seen)
     print(f"\n== pairs: {size} {dtype}, batch {batch}; device-only model {predict(0.1):.1f} ms; twins µs/op "
           + "; ".join(f"{k}: " + ", ".join(f"{t[k]:.2f}" for t in seen) for k in seen[0]))
     print("run | measured ms | error % with: " + " | ".join(ways))
