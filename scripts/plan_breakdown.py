@@ -9,10 +9,10 @@ AdamW, autocast for bf16) at --batch-size, checkpoint none. It prints
 - the model's device time (GEMMs and s×s products, the rest, AdamW), host time and total, from --profile
   (a `plan calibrate` profile) or from a calibration of --sizes run first (written to $OUT/profile.json);
 - the SM clock and power while each row ran (nvidia-smi, 5 samples a second).
---pairs N instead alternates the host twins (calibrate's; with --deep also at the model's depth) with N runs of 10 timed steps per row and predicts each run from the twins around it:
-does a twin track the host's speed of the moment?
+--interleave N instead runs N rounds of one step and one step of each host twin (`interleave`): does a
+twin of the same second track the host's speed, and which twin?
 The answers it gave on an H200 are in docs/benchmarks/plan.md ("Where a bench e2e step's time goes", and
-"The host-bound rows against the host of the moment").
+"The host-bound rows against the host of the moment", "The host-bound rows do not repeat").
 A device diagnostic, not part of the package. From the repository root, on a GPU machine:
 
     PYTHONPATH=src OUT=/tmp/out python3 scripts/plan_breakdown.py --sizes xl,2.7b --dtypes bf16,fp32
@@ -144,24 +144,31 @@ def host_us(shape, device, dtype: str, batch: int) -> tuple[float, float]:
     return us16, (issue[3] - issue[1]) * 1e3 / (2 * (ops["fwd_layer"] + ops["bwd_layer"]))
 
 
-def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device, deep: bool) -> None:
-    """Twins, 10 timed steps, twins, ... (n step runs) of bench e2e's plain step at checkpoint none. The
-    twins: plan calibrate's (`idle`) and, with `deep`, calibrate's at the model's depth (`deep`: the model's
-    blocks less 4 against all of them, a host working set as large as the step's). Each run's median beside
-    its prediction from calibrate's twin before it, the mean of the two around it (what plan validate's
-    `beside` does), the median of all of them, and from the deep twin after it and the deep twins' median.
-    (A twin issued behind a sleeping kernel, a busy device, was tried on 2026-12-04 and did not track the
-    step: docs/benchmarks/plan.md; commit 6c99b80 has it.)"""
+def interleave(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device) -> None:
+    """n rounds, each one timed step of bench e2e's plain step (checkpoint none) followed at once by one
+    step (forward and backward, 16 tokens) of each host twin, so that the twins see the host of the
+    same second as the step they predict. The twins:
+    - `calib`: plan calibrate's (2 and 6 blocks at the model's width, differenced);
+    - `deep`: the model's own depth and width at 16 tokens, its whole time over its ops (a host working
+      set as large as the step's: Python objects, autograd nodes, allocator blocks);
+    - `tokens`: 1 and 3 blocks at the step's own batch and context, differenced (tensors of the step's
+      sizes: the allocator's large pool), timed on the host from an empty queue.
+    The rounds run twice: with Python's garbage collector on (as bench e2e runs) and off. Each round's
+    measured ms beside its prediction from each twin, the medians, and the host's load average and the
+    share of CPU time the hypervisor took (steal). Earlier forms of this (twins seconds apart from runs of 10 steps, a twin
+    behind a busy device) are in docs/benchmarks/plan.md; commit 0083cd4 has them."""
+    import gc
     import statistics
 
     from lmsys.bench import e2e
+    from lmsys.core.timing import synchronize
     from lmsys.model.config import get_config, resolve_configs
     from lmsys.plan import memory as mem
-    from lmsys.plan.calibrate import measure_host, plain_step_options
+    from lmsys.plan.calibrate import _tiny_step, host_ops, plain_step_options
     from lmsys.plan.time import step_time
     from lmsys.plan.validate import rates_for
     from lmsys.train.build import build_train_step, tf32_matmuls
-    from lmsys.train.step import random_batch
+    from lmsys.train.step import random_batch, run_step
 
     options = plain_step_options(device, dtype)
     attn = options.pop("attn_impl")
@@ -169,45 +176,103 @@ def pairs(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, de
     (_, workload), = e2e.resolve_workloads([(name, cfg)], checkpoints=["none"], batch_size=batch, dtype=dtype,
                                            cuda_graphs=False, **options)
     prec = mem.precision(dtype, master_weights=False)
+    ops, _ = host_ops(shape, device=device, dtype=dtype)
+    per_block = ops["fwd_layer"] + ops["bwd_layer"]
+    deep_ops = shape.layers * per_block + ops["fwd_other"] + ops["bwd_other"]
 
     def predict(us: float) -> float:
-        p = {**profile, "launch_us": {**profile["launch_us"], dtype: us}}
+        p = {**profile, "launch_us": {**profile["launch_us"], dtype: us}, "ops": {**profile.get("ops", {}), dtype: ops}}
         return step_time(shape, mem.Layout(micro_batch=batch), prec, rates_for(p, dtype), gpus_per_node=1).total
 
-    def twins() -> dict:
-        got = {"idle": measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20)[0]}
-        if deep and shape.layers > 1:
-            got["deep"] = measure_host(shape, device=device, dtype=dtype, warmup=2, steps=20, recompute=False,
-                                       blocks=(max(1, shape.layers - 4), shape.layers))[0]
-        return got
+    def timed(fn) -> float:
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        return (time.perf_counter() - t0) * 1e3
 
-    seen, runs = [twins()], []
+    twins = {}
+    for key, layers, kw in (("calib", 2, {}), ("calib", 6, {}), ("deep", shape.layers, {}),
+                            ("tokens", 1, dict(seq=shape.seq, batch=batch)),
+                            ("tokens", 3, dict(seq=shape.seq, batch=batch))):
+        twins[key, layers] = _tiny_step(shape, layers=layers, checkpoint="none", device=device, dtype=dtype,
+                                        width="model", **kw)
+
+    def twin(key, layers) -> float:
+        t, i, y = twins[key, layers]
+        return timed(lambda: run_step(t, i, y, mode="fwd-bwd"))
+
+    def where(before: list) -> tuple[float, str]:
+        """The host in the round that started at `before` (`_cpu_times()`): the share of the machine's CPU
+        time the hypervisor took (steal) and its load average."""
+        after = _cpu_times()
+        total = sum(after) - sum(before)
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[0]
+        steal = 100 * (after[7] - before[7]) / max(total, 1)
+        return steal, f"steal {steal:.1f} %, load {load}"
+
     with tf32_matmuls(workload.tf32):
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
-        for _ in range(n):
-            timer, _, _ = e2e.timed_steps(step, inputs, targets, mode="train", warmup=2, steps=10, device=device)
-            runs.append(timer.stats()["step"].median)
-            seen.append(twins())
-    del step
-    idle = [t["idle"] for t in seen]
-    ways = {"idle before": lambda i: idle[i], "idle beside": lambda i: (idle[i] + idle[i + 1]) / 2,
-            "idle median": lambda i: statistics.median(idle)}
-    if "deep" in seen[0]:
-        ways["deep after"] = lambda i: seen[i + 1]["deep"]
-        ways["deep median"] = lambda i: statistics.median(t["deep"] for t in seen)
-    print(f"\n== pairs: {size} {dtype}, batch {batch}; device-only model {predict(0.1):.1f} ms; twins µs/op "
-          + "; ".join(f"{k}: " + ", ".join(f"{t[k]:.2f}" for t in seen) for k in seen[0]))
-    print("run | measured ms | error % with: " + " | ".join(ways))
-    errs = {k: [] for k in ways}
-    for i, ms in enumerate(runs):
-        for k, us in ways.items():
-            errs[k].append(100 * (predict(us(i)) - ms) / ms)
-        print(f"{i} | {ms:.1f} | " + " | ".join(f"{errs[k][-1]:+.1f}" for k in ways))
-    print(f"measured ms: median {statistics.median(runs):.1f}, min {min(runs):.1f}, max {max(runs):.1f}; "
-          "max |error| %: " + ", ".join(f"{k} {max(abs(e) for e in v):.1f}" for k, v in errs.items()))
+        for _ in range(3):
+            run_step(step, inputs, targets, mode="train")
+            for key, layers in twins:
+                twin(key, layers)
+        print(f"\n== interleave: {size} {dtype}, batch {batch}; device-only model {predict(0.1):.1f} ms; "
+              f"ops {deep_ops} a step's forward and backward")
+        for collector in ("gc on", "gc off"):
+            if collector == "gc off":
+                gc.collect()
+                gc.disable()
+            rows = []
+            try:
+                for r in range(n):
+                    before = _cpu_times()
+                    ms = timed(lambda: run_step(step, inputs, targets, mode="train"))
+                    us = {"calib": (twin("calib", 6) - twin("calib", 2)) * 1e3 / (4 * per_block),
+                          "deep": twin("deep", shape.layers) * 1e3 / deep_ops,
+                          "tokens": (twin("tokens", 3) - twin("tokens", 1)) * 1e3 / (2 * per_block)}
+                    rows.append((ms, us, where(before)))
+            finally:
+                gc.enable()
+            print(f"-- {collector}: round | measured ms | predicted ms (error %) from the twin of the same round: "
+                  "calib | deep | tokens | µs/op calib, deep, tokens | host")
+            for r, (ms, us, host) in enumerate(rows):
+                print(f"{r} | {ms:.1f} | " + " | ".join(f"{predict(u):.1f} ({100 * (predict(u) - ms) / ms:+.1f})"
+                                                     for u in us.values())
+                      + " | " + ", ".join(f"{u:.2f}" for u in us.values()) + f" | {host[1]}")
+            measured = [m for m, _, _ in rows]
+            med = statistics.median(measured)
+            line = []
+            for k in rows[0][1]:
+                errs = [100 * (predict(u[k]) - m) / m for m, u, _ in rows]
+                mu = statistics.median(u[k] for _, u, _ in rows)
+                line.append(f"{k}: median twin {mu:.2f} µs/op -> {predict(mu):.1f} ms ({100 * (predict(mu) - med) / med:+.1f} %), "
+                            f"per round |error| median {statistics.median(abs(e) for e in errs):.1f} max "
+                            f"{max(abs(e) for e in errs):.1f}, corr {_corr(measured, [u[k] for _, u, _ in rows]):+.2f}")
+            print(f"measured: median {med:.1f} ms, min {min(measured):.1f}, max {max(measured):.1f}; corr with "
+                  f"steal {_corr(measured, [h[0] for _, _, h in rows]):+.2f}, steal median "
+                  f"{statistics.median(h[0] for _, _, h in rows):.1f} % max {max(h[0] for _, _, h in rows):.1f} %")
+            for x in line:
+                print("   " + x)
+    step = inputs = targets = None  # free the model before the next row
+    twins.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _cpu_times() -> list:
+    """/proc/stat's machine-wide CPU jiffies: user nice system idle iowait irq softirq steal ..."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _corr(xs: list, ys: list) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else 0.0
 
 
 def main() -> None:
@@ -226,10 +291,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--profile", help="a plan calibrate profile (default: calibrate --sizes first)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
-    ap.add_argument("--pairs", type=int, default=0, help="instead: N alternations of the host twin and 10 timed "
-                    "steps per row, each step time predicted with the twins on either side (does the twin track "
-                    "the host's speed of the moment?)")
-    ap.add_argument("--deep", action="store_true", help="with --pairs: also the twin at the model's depth")
+    ap.add_argument("--interleave", type=int, default=0, help="instead: N rounds of one timed step and one step of "
+                    "each host twin (does a twin of the same second track the step? which twin?)")
     args = ap.parse_args()
     sizes, dtypes, b = args.sizes.split(","), args.dtypes.split(","), args.batch_size
     out = os.environ.get("OUT", "/tmp")
@@ -250,9 +313,9 @@ def main() -> None:
 
     for size in sizes:
         for dtype in dtypes:
-            if args.pairs:
-                pairs(size, dtype, shape=shapes[size], profile=profile, batch=b, n=args.pairs, device=device,
-                      deep=args.deep)
+            if args.interleave:
+                interleave(size, dtype, shape=shapes[size], profile=profile, batch=b, n=args.interleave,
+                           device=device)
                 continue
             options = plain_step_options(device, dtype)
             attn = options.pop("attn_impl")

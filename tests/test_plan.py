@@ -747,6 +747,10 @@ def test_validate_summary_gives_the_device_bound_rows_apart():
     assert got["time error %"] == (pytest.approx(26 / 3), 20.0) and got["memory error %"] == (2.0, 3.0)
     assert got["device-bound time error %"] == (3.0, 4.0)
     assert "device-bound time error %" not in summary(rows[1:])  # all device-bound: nothing to give apart
+    assert "host-bound time spread %" not in got  # one run each: no spread
+    repeated = [{**rows[0], "time spread %": 30.0}, {**rows[1], "time spread %": 1.0},
+                {**rows[0], "time spread %": 10.0}, rows[3]]
+    assert summary(repeated)["host-bound time spread %"] == (20.0, 30.0)  # the host-bound rows' alone
 
 
 def test_validate_repeats_relaunch_the_mesh_rows_between_twins(monkeypatch):

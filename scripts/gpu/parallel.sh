@@ -11,6 +11,10 @@
 #               PLAN_BATCH sequences (default 4, bench e2e's default; calibrated at it too); PLAN_MESH=none
 #               leaves the parallel train rows out; PLAN_REPEATS=N runs each row N times between host twins
 #               (default 1; the host-bound rows move by ±15 % from run to run)
+#   reproduce   one GPU: does a host-bound row repeat? REPRO_RUNS (default 6) processes in turn, each a pure-Python
+#               loop's time (the CPU's speed of the moment) and plan validate of medium, large and xl bf16 at
+#               checkpoint none with --repeats 3, against the committed H200 profile (issue 30: a time that moves
+#               by more than ±10 % between runs of one command cannot be predicted to 10 %)
 #   breakdown   one GPU: scripts/plan_breakdown.py over BREAKDOWN_SIZES (default xl,2.7b), fp32 and bf16: each
 #               step's kernels (GEMM, AdamW, the rest) and host time beside the time model's parts (with the
 #               plan part's profile when it ran first, else calibrating its sizes itself)
@@ -52,6 +56,18 @@ if part plan; then
   for i in $(seq "${PLAN_REPS:-2}"); do
     T=$((300 * ${PLAN_REPEATS:-1})) run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
       ${PLAN_MESH:+--mesh "$PLAN_MESH"} --repeats "${PLAN_REPEATS:-1}" --warmup 2 --steps 10
+  done
+fi
+if part reproduce; then
+  LOOP='import time, statistics as s
+t = []
+for _ in range(15):
+    a = time.perf_counter(); sum(i * i for i in range(100000)); t.append((time.perf_counter() - a) * 1e3)
+print(f"python loop ms: median {s.median(t):.2f}, min {min(t):.2f}, max {max(t):.2f}")'
+  for i in $(seq "${REPRO_RUNS:-6}"); do
+    T=30 X python3 -c "$LOOP" >> "$OUT/reproduce.md"
+    T=100 run reproduce.md plan validate --profile docs/benchmarks/plan-h200-profile.yaml --size medium,large,xl \
+      --dtype bf16 --checkpoint none --mesh none --batch-size 4 --warmup 2 --steps 10 --repeats 3
   done
 fi
 if part breakdown; then

@@ -241,6 +241,10 @@ def _error_notes(summary: dict, *, memory_here: bool) -> list[str]:
         if value is None:
             notes.append(f"{what}: not measurable here" + (" (peak memory is tracked on CUDA only)"
                                                            if what == "memory" and not memory_here else ""))
+        elif key == "host-bound time spread %":
+            notes.append(f"host-bound rows: their runs' time spread mean {value[0]:.1f} %, max {value[1]:.1f} %. Their "
+                         "pace is the host CPU's of the moment; a measured time that moves this much between runs "
+                         "cannot be predicted more closely than it repeats.")
         else:
             notes.append(f"{what} error: mean |error| {value[0]:.1f} %, max {value[1]:.1f} %")
     return notes

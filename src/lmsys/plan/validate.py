@@ -432,7 +432,10 @@ def summary(rows: list[dict]) -> dict:
     """{"time error %" / "memory error %": (mean |error|, max |error|) over the rows that have one, or None};
     where some rows are host-bound (`_compare`'s `bound`: a host HOST_MARGIN slower than the one measured
     would set their pace, and it drifts with a shared host's load) and some are not, also "device-bound
-    time error %" over the others."""
+    time error %" over the others; where host-bound rows ran more than once, "host-bound time spread %"
+    (mean, max) of their runs' spread: how far the measured time itself moved, which bounds how closely any
+    prediction can be held to it (on the H200 hosts of 2026-12-04: up to 110 % within one row's three runs,
+    and the same row 1.3-2.0x apart between runs of one command minutes apart: docs/benchmarks/plan.md)."""
     def mean_max(errs):
         return (sum(errs) / len(errs), max(errs)) if errs else None
 
@@ -442,4 +445,7 @@ def summary(rows: list[dict]) -> dict:
     device = [abs(r["time error %"]) for r in timed if r.get("bound") == "device"]
     if device and len(device) < len(timed):
         out["device-bound time error %"] = mean_max(device)
+    spread = [r["time spread %"] for r in timed if r.get("bound") == "host" and r.get("time spread %") is not None]
+    if spread:
+        out["host-bound time spread %"] = mean_max(spread)
     return out
