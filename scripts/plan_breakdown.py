@@ -145,18 +145,19 @@ def host_us(shape, device, dtype: str, batch: int) -> tuple[float, float]:
 
 
 def interleave(size: str, dtype: str, *, shape, profile: dict, batch: int, n: int, device) -> None:
-    """n rounds, each one timed step of bench e2e's plain step (checkpoint none) followed at once by one
-    step (forward and backward, 16 tokens) of each host twin, so that the twins see the host of the
-    same second as the step they predict. The twins:
-    - `calib`: plan calibrate's (2 and 6 blocks at the model's width, differenced);
+    """n rounds, each one step of bench e2e's plain step (checkpoint none) followed at once by one forward
+    and backward of each host twin, so that the twins see the host of the same second as the step they
+    predict. Every call is timed alone, from an empty queue to the end of its device work (not back to back
+    as bench e2e's steps and `measure_host`'s twins are). The twins:
+    - `calib`: plan calibrate's shapes (2 and 6 blocks at the model's width, 16 tokens, differenced);
     - `deep`: the model's own depth and width at 16 tokens, its whole time over its ops (a host working
       set as large as the step's: Python objects, autograd nodes, allocator blocks);
     - `tokens`: 1 and 3 blocks at the step's own batch and context, differenced (tensors of the step's
-      sizes: the allocator's large pool), timed on the host from an empty queue.
+      sizes; the device's time is no longer negligible there and counts too).
     The rounds run twice: with Python's garbage collector on (as bench e2e runs) and off. Each round's
     measured ms beside its prediction from each twin, the medians, and the host's load average and the
-    share of CPU time the hypervisor took (steal). Earlier forms of this (twins seconds apart from runs of 10 steps, a twin
-    behind a busy device) are in docs/benchmarks/plan.md; commit 0083cd4 has them."""
+    share of CPU time the hypervisor took (steal). Earlier forms of this (twins seconds apart from runs of
+    10 steps, a twin behind a busy device) are in docs/benchmarks/plan.md; commit 0083cd4 has them."""
     import gc
     import statistics
 
