@@ -9,6 +9,11 @@
 #                backward) as its own row, beside cuDNN (`bench attention --policy`); then d 80 and GQA (4 kv heads)
 #   long         seq 16384, 32768, 65536 (d 64, b1 h16, bf16 causal): time and peak memory
 #   seed         the seed's sweep (b8 h1, d 16..128, seq 256..16384), fp32 and bf16, naive/compiled/flash-triton
+#   table        issue 43's table: the seed's sweep in bf16 (causal and not; flash-triton, sdpa-cudnn, sdpa-flash)
+#                REPEATS times (default 3) -> table_bf16_{causal,full}_N.json, and in fp32 (flash-triton,
+#                sdpa-efficient, compiled) FP32_REPEATS times (default 1) -> table_fp32_N.json, with plots
+#   short        the backward at b8 h1 s8192 d64 bf16 causal: flash-triton's levers beside cuDNN, and the
+#                profiler's kernels of one fwd+bwd of each (grid, ms) -> short.md, short_kernels.txt
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
 # table goes to $OUT/<part>.md under the command that printed it, the log to $OUT/attention.log.
 set -u
@@ -55,6 +60,25 @@ if part seed; then
   for dt in fp32 bf16; do
     T=200 run seed.md bench attention --device cuda --impl naive,compiled,flash-triton --dtype $dt
   done
+fi
+if part table; then
+  SEED="bench attention --device cuda --warmup ${WARMUP:-5} --steps ${STEPS:-30}"
+  for r in $(seq 1 "${REPEATS:-3}"); do
+    T=150 L $SEED --dtype bf16 --causal --impl flash-triton,sdpa-cudnn,sdpa-flash -q -o "$OUT/table_bf16_causal_$r.json" \
+      --plot "$OUT/table_bf16_causal_$r.png" > /dev/null
+    T=150 L $SEED --dtype bf16 --no-causal --impl flash-triton,sdpa-cudnn,sdpa-flash -q -o "$OUT/table_bf16_full_$r.json" > /dev/null
+  done
+  for r in $(seq 1 "${FP32_REPEATS:-1}"); do
+    T=240 L $SEED --dtype fp32 --impl flash-triton,sdpa-efficient,compiled -q -o "$OUT/table_fp32_$r.json" > /dev/null
+  done
+fi
+if part short; then
+  SHORT="bench attention --device cuda --dtype bf16 --causal --batch-size 8 --heads 1 --context-length 8192 --d-head 64 --warmup 5 --steps 30"
+  T=150 run short.md $SHORT --impl sdpa-cudnn,flash-triton --policy deterministic=true --policy deterministic=false \
+    --policy gluon=false --policy gluon=false,deterministic=true --policy gluon=false,deterministic=false \
+    --policy pick=0 --policy pick=1 --policy pick=2 --policy pick=3
+  [ -e .probe/kernels_of.py ] && T=90 X python3 .probe/kernels_of.py --batch-size 8 --heads 1 --seq-len 8192 --d-head 64 > "$OUT/short_kernels.txt"
+  cat "$OUT/short_kernels.txt" 2>/dev/null
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"
