@@ -41,7 +41,8 @@ def one_line(result, code: int = 2) -> str:
 
 
 def test_name_tables_load_without_torch():
-    code = ("import sys, lmsys.cli, lmsys.kernels.registry, lmsys.distributed.strategies, lmsys.distributed.runs, "
+    code = ("import sys, lmsys.cli, lmsys.kernels.registry, lmsys.distributed.data_parallel.strategies, "
+            "lmsys.bench.ddp_runs, lmsys.distributed.runs, "
             "lmsys.model.user, lmsys.core.imports; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -59,7 +60,7 @@ def test_list_shows_every_registry(lmsys):
 
 
 def test_strategy_registry_holds_every_old_name():
-    from lmsys.distributed.runs import STRATEGIES
+    from lmsys.bench.ddp_runs import STRATEGIES
 
     assert STRATEGIES == ("naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp")
 
@@ -257,8 +258,8 @@ def test_the_2025_adapters_contract_drives_yours_and_yours_bucketed():
     """get_ddp_individual_parameters stands in for a missing get_ddp, and each row calls its own hooks with
     (model, optimizer): the 2025 on_after_backward names, and the bucketed on_train_batch_start."""
     from lmsys.core.imports import load_module
-    from lmsys.distributed.runs import RunSpec
-    from lmsys.distributed.strategies import step_hooks, wrap_model
+    from lmsys.bench.ddp_runs import RunSpec
+    from lmsys.distributed.data_parallel.strategies import step_hooks, wrap_model
 
     path = str(BYO / "adapters_2025.py")
     calls = load_module(path, what="--adapters").CALLS

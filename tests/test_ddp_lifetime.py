@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmsys.distributed.ddp import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP
+from lmsys.distributed.data_parallel.ddp import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP
 
 
 @pytest.fixture(scope="module")

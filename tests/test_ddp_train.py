@@ -221,7 +221,7 @@ def test_memory_estimate_grows_with_the_model_and_batch():
 def test_mfu_column_against_the_closed_form(monkeypatch):
     """MFU % of a ddp train row: 6·N per token + attention (by hand here) over the peak of every rank's GPU."""
     from lmsys.core import devices
-    from lmsys.distributed.train import mfu_percent
+    from lmsys.train.loop import mfu_percent
     from lmsys.model.config import get_config
 
     cfg = get_config("tiny").with_overrides(context_length=64)
@@ -243,7 +243,7 @@ def test_copy_engine_all_reduce_phases_sum_every_bucket(world):
     every rank (what the barriers order on GPUs) leaves every rank with the sum of all ranks' buckets."""
     import torch
 
-    from lmsys.distributed.copy_engine import ALIGN_ELEMS, CopyEngineAllReduce
+    from lmsys.distributed.data_parallel.copy_engine import ALIGN_ELEMS, CopyEngineAllReduce
 
     sizes = [5, ALIGN_ELEMS * world + 3, 1]  # lengths that need padding, a bucket of one element
     padded = [-(-n // (world * ALIGN_ELEMS)) * world * ALIGN_ELEMS for n in sizes]

@@ -43,7 +43,7 @@ def _copy_engine_worker(rank, world, store_path, out_path):
 
     import torch.distributed as dist
 
-    from lmsys.distributed.copy_engine import CopyEngineAllReduce
+    from lmsys.distributed.data_parallel.copy_engine import CopyEngineAllReduce
 
     os.environ["LOCAL_WORLD_SIZE"] = str(world)
     device = torch.device("cuda", rank)

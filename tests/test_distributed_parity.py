@@ -110,7 +110,7 @@ def make_optimizer(name, params, sharded=False):
     cls, kw = {"sgd": (torch.optim.SGD, dict(lr=0.2, momentum=0.9)),
                "adamw": (torch.optim.AdamW, dict(lr=0.02, weight_decay=0.1))}[name]
     if sharded:
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+        from lmsys.distributed.data_parallel.zero1 import ShardedOptimizer
 
         return ShardedOptimizer(params, cls, **kw)
     return cls(params, **kw)
@@ -162,7 +162,7 @@ def train_reference(s: dict, batches) -> dict[str, torch.Tensor]:
 
 
 def train_distributed(s: dict, batches, rank: int, world: int):
-    from lmsys.distributed import ddp
+    from lmsys.distributed.data_parallel import ddp
 
     model = make_model(s["model"], skip_unused=_skip_unused(s))
     kind = s["wrap"].split("-")[0]
@@ -180,7 +180,7 @@ def train_distributed(s: dict, batches, rank: int, world: int):
         info["buckets"] = len(wrapped.buckets)
         info["trainable"] = sum(1 for p in model.parameters() if p.requires_grad)
     else:
-        from lmsys.distributed.fsdp import FSDP
+        from lmsys.distributed.data_parallel.fsdp import FSDP
 
         import gc
         import weakref
@@ -395,7 +395,7 @@ def _avg_id(s: dict) -> str:
 def avg_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     """The wrappers with `_averaging_op` forced to NCCL's answer (AVG inside the collective, no
     prescale), over gloo; records "unsupported" if this torch's gloo refuses AVG."""
-    from lmsys.distributed import ddp
+    from lmsys.distributed.data_parallel import ddp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,

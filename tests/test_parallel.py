@@ -17,7 +17,7 @@ import gloo_world
 from lmsys.core.errors import LmsysError
 from lmsys.core.results import NOT_MEASURED
 from lmsys.distributed.mesh import MeshSpec, check_plan, parse_mesh
-from lmsys.distributed.pipeline import ideal_bubble, partition, schedule
+from lmsys.distributed.model_parallel.pipeline import ideal_bubble, partition, schedule
 from lmsys.model.config import get_config
 
 TINY = dict(num_heads=4, kv_heads=4, d_ff=512, vocab_size=10_000, num_layers=2)
@@ -129,7 +129,7 @@ def _ctx(rank, world):
 
 
 def _job(ctx, meshes, **kw):
-    from lmsys.distributed.parallel_train import parallel_job
+    from lmsys.bench.parallel import parallel_job
 
     base = dict(impls=["lmsys"], dp_strategy="bucketed", sequence_parallel=False, pp_schedule="1f1b",
                 virtual_stages=1, microbatches=2, size="tiny", context_length=16, batch_size=4, dtype="fp32",
@@ -139,7 +139,8 @@ def _job(ctx, meshes, **kw):
 
 def _tp_gradients(rank, world):
     """One step's loss and gradients of the tensor-parallel model against the full one (no optimizer)."""
-    from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss, vocab_parallel_cross_entropy
+    from lmsys.distributed.model_parallel.tensor_parallel import (apply_tensor_parallel, tp_loss,
+                                                                  vocab_parallel_cross_entropy)
     from lmsys.model.transformer import TransformerLM
 
     out = {}
@@ -182,7 +183,7 @@ def _tp_gradients(rank, world):
 def _tp_bf16_gradients(gen, sp):
     """(max relative gradient error of the tp=2 model against the full one, both under bf16 autocast;
     the same of the full bf16 model against fp32: what bf16 itself costs)."""
-    from lmsys.distributed.tensor_parallel import apply_tensor_parallel, tp_loss
+    from lmsys.distributed.model_parallel.tensor_parallel import apply_tensor_parallel, tp_loss
     from lmsys.model.transformer import TransformerLM
 
     config = get_config("tiny").with_overrides(context_length=16, vocab_size=1000)
@@ -253,13 +254,13 @@ def _aten_ops(fn) -> dict[str, int]:
 def worker_ops(rank, world, store_path, out_path):
     """The aten ops of two steps (one warm-up, one timed) of each path, as each command builds and loops
     them: bench e2e without --fast (bench.e2e.step_options, resolve_workloads, timed_steps) and parallel
-    train's degenerate mesh (parallelize, the same AdamW kind, parallel_train.timed_steps)."""
+    train's degenerate mesh (parallelize, the same AdamW kind, bench.parallel.timed_steps)."""
     from lmsys.bench import e2e
+    from lmsys.bench.parallel import timed_steps
     from lmsys.distributed.mesh import build_mesh
-    from lmsys.distributed.parallel_train import timed_steps
     from lmsys.distributed.parallelize import parallelize
-    from lmsys.distributed.train import BatchSource, _to
     from lmsys.train import build_model
+    from lmsys.train.data import BatchSource, to_device
     from lmsys.train.build import build_train_step
     from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
     from lmsys.train.step import random_batch
@@ -281,7 +282,7 @@ def worker_ops(rank, world, store_path, out_path):
                          microbatches=1, tokens_per_microbatch=64)
         optimizer = make_optimizer(pm.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(device))
         source = BatchSource(vocab_size=config.vocab_size, seq_len=32, global_batch=2, seed=0)
-        batches = [_to(source.local_batch_at(i, 0, 1), device) for i in range(2)]
+        batches = [to_device(source.local_batch_at(i, 0, 1), device) for i in range(2)]
         autocast = None if dtype == "fp32" else (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
         par = _aten_ops(lambda: timed_steps(pm, optimizer, batches, warmup=1, microbatches=1, autocast=autocast,
                                             device=device))
@@ -441,7 +442,8 @@ def test_bf16_against_one_process_in_bf16():
 def worker_one_process(rank, world, store_path, out_path):
     """parallel train's job on the degenerate mesh, whole: the one-process row, then the mesh's; and again
     with the one-process run out of memory (its first build_model raises CUDA's OOM)."""
-    from lmsys.distributed import parallel_train
+    from lmsys.bench import parallel as parallel_train
+    from lmsys.train import loop  # the one-process run builds its model there
 
     _init(rank, world, store_path)
     ctx = _ctx(rank, world)
@@ -457,11 +459,11 @@ def worker_one_process(rank, world, store_path, out_path):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(*args, **kwargs)
 
-    parallel_train.build_model = oom_first
+    parallel_train.build_model = loop.build_model = oom_first
     try:
         results["oom"] = parallel_train.parallel_job(ctx, meshes=["dp=1,tp=1,pp=1"], **base)
     finally:
-        parallel_train.build_model = real
+        parallel_train.build_model = loop.build_model = real
     gloo_world.finish(rank, results, out_path)
 
 

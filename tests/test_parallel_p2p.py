@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmsys.distributed.pipeline import needs, p2p_plan, produces, schedule
+from lmsys.distributed.model_parallel.pipeline import needs, p2p_plan, produces, schedule
 
 
 def plan_program(plan_row, *, pp, rank, stages, eager=False):

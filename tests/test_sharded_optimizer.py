@@ -41,7 +41,7 @@ def make_optimizer(kind: str, params: dict, *, bucket_mb=None):
                "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01))}[kind]
     if bucket_mb is None:
         return cls(groups, **kw)
-    from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+    from lmsys.distributed.data_parallel.zero1 import ShardedOptimizer
 
     return ShardedOptimizer(groups, cls, bucket_mb=bucket_mb, **kw)
 
@@ -66,7 +66,7 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
-    from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
+    from lmsys.distributed.data_parallel.zero1 import optimizer_state_bytes
 
     calls = {"all_gather_single": 0, "all_gather_into_tensor": 0, "all_gather": 0, "broadcast": 0}
     for name in calls:

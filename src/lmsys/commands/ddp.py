@@ -46,8 +46,8 @@ def train(
 
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import parse_int_list
-    from lmsys.distributed.runs import (SHARDABLE, check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
-                                        shardable, train_notes)
+    from lmsys.bench.ddp_runs import (SHARDABLE, check_levers_for_backend, parse_runs, run_line, set_nccl_ctas,
+                                      shardable, train_notes)
 
     from lmsys.commands.listing import list_if_asked
     from lmsys.model.user import check_model, parse_model_kwargs
@@ -73,8 +73,8 @@ def train(
                          "or brings its own optimizer")
 
     from lmsys.core.results import Report
+    from lmsys.bench.ddp import resolve_model_size
     from lmsys.distributed import launch
-    from lmsys.distributed.train import resolve_model_size
 
     chosen_by = launch.backend_option(device, backend)
     backend = launch.resolve_backend(launch.backend_for_device(device, backend))
@@ -90,7 +90,7 @@ def train(
                   model=model, model_kwargs=kwargs_json, peak_tflops=peak_tflops)
     reports = []
     for n in world_sizes:  # one torchrun job and one report per world size
-        result = run_on_ranks("lmsys.distributed.train:train_job", kwargs, world_size=n, backend=backend,
+        result = run_on_ranks("lmsys.bench.ddp:train_job", kwargs, world_size=n, backend=backend,
                               description="ddp train")
         if result is None:  # a torchrun worker other than rank 0: rank 0 prints
             return

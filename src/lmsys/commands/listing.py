@@ -18,7 +18,7 @@ def _rows(kind: str) -> list[dict]:
     elif kind == "attention":
         from lmsys.kernels.registry import listing
     else:
-        from lmsys.distributed.strategies import listing
+        from lmsys.distributed.data_parallel.strategies import listing
     return [{"kind": kind, "name": name, "what": what} for name, what in listing()]
 
 

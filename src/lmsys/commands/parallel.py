@@ -72,13 +72,13 @@ def train(
 
     from lmsys.core.results import Report
     from lmsys.distributed import launch
-    from lmsys.distributed.train import resolve_model_size
+    from lmsys.model.config import resolve_size
 
     backend = launch.resolve_backend(backend)
     launch.check_launch(backend, [n])
     if warning := launch.warn_oversubscription([n], backend):
         typer.echo(warning, err=True)
-    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=[])
+    size, context_length = resolve_size(size, context_length, backend=backend, dtype=dtype)
     if sequence_parallel and any(context_length % s.tp for s in specs):
         raise LmsysError(f"--sequence-parallel: --context-length {context_length} is not divisible by every tp degree")
     kwargs = dict(meshes=[s.label for s in specs], impls=impls, dp_strategy=dp_strategy,
@@ -86,7 +86,7 @@ def train(
                   microbatches=microbatches, size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint,
                   peak_tflops=peak_tflops)
-    result = run_on_ranks("lmsys.distributed.parallel_train:parallel_job", kwargs, world_size=n, backend=backend,
+    result = run_on_ranks("lmsys.bench.parallel:parallel_job", kwargs, world_size=n, backend=backend,
                           description="parallel train")
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints
         return

@@ -209,7 +209,7 @@ def validate(
         mp = mesh_plan
         run = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "
                f"micro-batches per dp rank, dp strategy {mp.dp_strategy}, {warmup} warm-up + {steps} timed steps; "
-               "lmsys.distributed.parallel_train's job, one launch per world size"
+               "lmsys.bench.parallel's job, one launch per world size"
                + (f" in each of {repeats} rounds (the median)" if repeats > 1 else "") + ", no parity reference")
         notes = _error_notes(val.summary(mesh_rows), memory_here=backend == "nccl") + [
             "predicted: the planner for each row's layout (dp, tp, pp, schedule and chunks, micro-batch size and count, "

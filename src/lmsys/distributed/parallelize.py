@@ -21,10 +21,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmsys.distributed.fsdp import FSDP
+from lmsys.distributed.data_parallel.fsdp import FSDP
 from lmsys.distributed.mesh import Mesh
-from lmsys.distributed.pipeline import PipelineModule, StepResult, p2p_plan, partition, run_schedule
-from lmsys.distributed.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
+from lmsys.distributed.model_parallel.pipeline import PipelineModule, StepResult, p2p_plan, partition, run_schedule
+from lmsys.distributed.model_parallel.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
 from lmsys.train.checkpointing import checkpoint_forward
 
 DP_STRATEGIES = ("bucketed", "fsdp", "torch-ddp", "torch-fsdp")
@@ -148,12 +148,12 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
     wrapper = None
     if dp > 1:
         if dp_strategy not in HAND_WRITTEN_DP:
-            raise ValueError(f"dp strategy {dp_strategy!r} is torch's: lmsys.distributed.torch_parallel runs it")
+            raise ValueError(f"dp strategy {dp_strategy!r} is torch's: model_parallel.torch_parallel runs it")
         if dp_strategy == "fsdp":
             wrapper = FSDP(stage, units=list(stage.layers.values()), group=mesh.group("dp"), reshard=False)
             stage.before_forward = wrapper.gather_root
         else:
-            from lmsys.distributed.ddp import BucketedDDP
+            from lmsys.distributed.data_parallel.ddp import BucketedDDP
 
             wrapper = BucketedDDP(stage, bucket_mb, group=mesh.group("dp"))
     seq = config.context_length // tp if (sequence_parallel and tp > 1) else config.context_length

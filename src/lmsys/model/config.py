@@ -112,6 +112,22 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     return out
 
 
+def resolve_size(size: str | None, context_length: int | None, *, backend: str, dtype: str,
+                 model: str | None = None, model_kwargs: str = "") -> tuple[str, int]:
+    """(size, context length) of the model a multi-process run (`ddp train`, `parallel train`) builds,
+    resolved and checked once in the launching process (not on every rank): the defaults for the
+    backend's device, the dtype on that device, a bad preset or YAML, a --model that does not build."""
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    check_dtype_for_device(dtype, resolve_device(device_type))
+    size = size or default_size(device_type)
+    if context_length is None:  # an explicit 0 must reach the check, not become the default
+        context_length = default_context_length(device_type)
+    resolve_configs([size], context_length=context_length, model=model, model_kwargs=model_kwargs)
+    return size, context_length
+
+
 def get_config(name: str) -> ModelConfig:
     """A preset by name, or a YAML file (keys are ModelConfig fields; `preset:` as a base)."""
     if not isinstance(name, str):

@@ -4,7 +4,7 @@ Two kinds of rows, each predicted with a calibration profile (`lmsys plan calibr
 the library functions the commands call:
 - bench e2e (`e2e_rows`): lmsys.bench.e2e's train mode over sizes × dtypes × checkpoint policies, one
   process (the planner's degenerate layout; block checkpointing = full recomputation).
-- parallel train (`mesh_rows`): lmsys.distributed.parallel_train's job (what `lmsys parallel train`
+- parallel train (`mesh_rows`): lmsys.bench.parallel's job (what `lmsys parallel train`
   runs; its dp-only meshes run lmsys's bucketed DDP or FSDP, `ddp train`'s bucketed and fsdp wrappers)
   over the meshes × dtypes × checkpoint policies, one launch of lmsys's one launcher per world size, the
   one-process parity reference left out (timing only). Each row is predicted for its exact layout: dp, tp
@@ -283,7 +283,7 @@ def _launch(plan: MeshPlan, labels: list[str], jobs: list[tuple[str, str]], *, w
 def validate_job(ctx, *, runs: list[dict]) -> dict:
     """On every rank of one launch: parallel train's job once per run (a dtype and checkpoint policy over
     the world size's meshes); rank 0's rows per run."""
-    from lmsys.distributed.parallel_train import parallel_job
+    from lmsys.bench.parallel import parallel_job
 
     return {"runs": [parallel_job(ctx, **run)["rows"] for run in runs]}
 

@@ -5,6 +5,8 @@
 - `build.py`: `build_model`, the one place a model is built (a `factory` seam), and `build_train_step`.
 - `optim.py`: the one AdamW, the learning rates, the optimizer run inside the backward.
 - `checkpointing.py`: activation checkpointing applied from outside the model.
+- `data.py`: `BatchSource`, the batches of the multi-process runs and of their one-process references.
+- `loop.py`: `train_loop`, their timed loop over `run_step`, and `mfu_percent`.
 
 Importing this package stays torch-free (the CLI reads MODES before torch loads): the names below are
 imported from their modules on first use.

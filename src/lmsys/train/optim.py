@@ -1,7 +1,8 @@
-"""The one AdamW every tool trains with, its learning rates, and AdamW run inside the backward.
+"""The one AdamW every tool trains with, its learning rates, AdamW run inside the backward, and the bytes
+of state an optimizer holds on a rank (`optimizer_state_bytes`).
 
 Torch-free at import (torch loads inside the functions), so that the torch-free run descriptions
-(`lmsys.distributed.runs`) can name the learning rate they print.
+(`lmsys.bench.ddp_runs`) can name the learning rate they print.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
 
 OPTIMIZER_CHOICES = ("adamw", "adamw-fused")
-ADAMW_DEFAULTS = dict(weight_decay=0.01)  # every tool's AdamW (ZeRO-1's too: lmsys.distributed.train)
+ADAMW_DEFAULTS = dict(weight_decay=0.01)  # every tool's AdamW (ZeRO-1's too: lmsys.bench.ddp)
 STEP_LR = 1e-4      # a Workload's (bench e2e, profile): a few steps of a benchmark, the loss barely moves
 DDP_TRAIN_LR = 1e-3  # ddp train's: parity max|Δθ| compares parameters that moved visibly in a few steps
 
@@ -160,3 +161,30 @@ class OptimizerInBackward:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of optimizer state held on this rank: every tensor in `optimizer.state` (for a
+    ShardedOptimizer, its local optimizer's state: this rank's shard only; for an optimizer that lists
+    its own, `state_tensors()`, as BucketedDDP's per-bucket optimizers do; for FSDP2's DTensors, the
+    local shard), each storage once. Parameters and gradients are not state and are not counted."""
+    import torch
+
+    if hasattr(optimizer, "state_tensors"):
+        tensors = optimizer.state_tensors()
+    else:
+        inner = getattr(optimizer, "local_optimizer", None) or optimizer
+        # a user's sharded optimizer may keep its local optimizer under any attribute name
+        inners = [inner] + [v for v in vars(inner).values() if isinstance(v, torch.optim.Optimizer) and v is not inner]
+        tensors = [value for opt in inners for state in opt.state.values() for value in state.values()
+                   if torch.is_tensor(value)]
+    seen: set[int] = set()
+    total = 0
+    for value in tensors:
+        value = value.to_local() if hasattr(value, "to_local") else value
+        if value.numel() and value.data_ptr() in seen:
+            continue
+        if value.numel():
+            seen.add(value.data_ptr())
+        total += value.numel() * value.element_size()
+    return total

@@ -2,7 +2,7 @@
 
 On every rank of the group, `parallel_job` runs, per mesh: build the full model from the seed,
 `parallelize` it (TP -> PP -> DP), train `warmup + steps` steps on this dp rank's slice of the global
-batches (`BatchSource` of `ddp train`), time the timed steps, then gather the shards on rank 0 and compare
+batches (lmsys.train.data's `BatchSource`, as `ddp train`'s), time the timed steps, then gather the shards on rank 0 and compare
 the loss and every parameter with one process trained on the full global batch (`one_process_run`, on
 rank 0, timed as the meshes are: its row comes first and each mesh row says its speed-up over it, so the
 degenerate mesh dp = tp = pp = 1 is held against the plain step in the same process; not with
@@ -31,11 +31,12 @@ from lmsys.core.results import NOT_MEASURED
 from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
-from lmsys.distributed.pipeline import ideal_bubble
-from lmsys.distributed.train import BatchSource, _to, mfu_percent, train_loop
+from lmsys.distributed.model_parallel.pipeline import ideal_bubble
 from lmsys.model import describe
 from lmsys.model.config import get_config
 from lmsys.train import build_model
+from lmsys.train.data import BatchSource, to_device
+from lmsys.train.loop import mfu_percent, train_one_process
 from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
@@ -104,47 +105,41 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
 
 
 def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple[dict, Optional[tuple]]:
-    """One process on the full global batch, with bench e2e's step (`train_loop`: TrainStep, run_step, the
-    one timer's regions from `warmup` on, nothing synchronised inside or between steps; the AdamW the mesh
-    rows use; the batches on the device first): (its row, (median ms/step, losses per step, parameters on
-    the host)); a caught OOM gives an OOM row and no reference."""
+    """One process on the full global batch, with bench e2e's step (lmsys.train.loop's train_one_process:
+    TrainStep, run_step, the one timer's regions from `warmup` on, nothing synchronised inside or between
+    steps; the AdamW the mesh rows use; the batches on the device first): (its row, (median ms/step, losses
+    per step, parameters on the host)); a caught OOM gives an OOM row and no reference."""
     from lmsys.core.devices import is_oom, oom_row
 
     free_memory(ctx.device)
-    reset_peak_memory(ctx.device)
-    batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
+    batches = None
     try:
-        model = build_model(config, device=ctx.device, seed=seed)
-        optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR, kind=default_kind(ctx.device))
-        losses: list = []
-        timer = train_loop(model, optimizer, batches, device=ctx.device, dtype=dtype, warmup=warmup, losses=losses)
-        ms = statistics.median(timer.samples("step"))
-        peak = peak_memory(ctx.device)
-        losses = torch.stack(losses).double().tolist()  # one copy to the host, after the timed steps
-        params = {name: p.detach().float().cpu() for name, p in model.named_parameters()}
-        n_params = sum(p.numel() for p in params.values())
+        batches = [to_device(source.global_batch_at(i), ctx.device) for i in range(total)]
+        run = train_one_process(config, batches, device=ctx.device, dtype=dtype, warmup=warmup, seed=seed,
+                                kind=default_kind(ctx.device), keep_params=True, keep_losses=True)
     except Exception as exc:  # noqa: BLE001 - an OOM marks the row; anything else is a bug
         if not is_oom(exc):
             raise
         return oom_row("OOM (the full global batch on one device)", ROW_KEYS, impl="1 process", mesh="-",
                        **{"dp strategy": "-", "schedule": "-"}), None
     finally:
-        model = optimizer = batches = None
+        batches = None
         free_memory(ctx.device)
+    ms = statistics.median(run.timer.samples("step"))
     tokens = source.global_batch * config.context_length
     row = dict.fromkeys(ROW_KEYS)
     row.update({"impl": "1 process", "mesh": "-", "dp strategy": "-", "schedule": "-", "ms/step": ms,
                 "tokens/s": tokens / (ms * 1e-3),
                 "MFU %": mfu_percent(config, tokens=tokens, step_ms=ms, device=ctx.device, dtype=dtype, processes=1),
-                "peak MiB/rank": None if peak is None else peak / MiB, "params/rank": n_params, "loss": losses[-1],
-                "status": "ok"})
-    return row, (ms, losses, params)
+                "peak MiB/rank": None if run.peak_bytes is None else run.peak_bytes / MiB, "params/rank": run.n_params,
+                "loss": run.losses[-1], "status": "ok"})
+    return row, (ms, run.losses, run.params)
 
 
 def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
              microbatches, dtype, warmup, total, seed, reference, checkpoint="none") -> dict:
     from lmsys.distributed.parallelize import HAND_WRITTEN_DP, parallelize
-    from lmsys.distributed.torch_parallel import TorchParallelModel, local_numel, not_composable
+    from lmsys.distributed.model_parallel.torch_parallel import TorchParallelModel, local_numel, not_composable
 
     schedule_label = pp_schedule + (f", V={virtual_stages}" if pp_schedule == "interleaved-1f1b" else "") + \
         f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "") + \
@@ -183,7 +178,7 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=autocast_dtype)) if autocast_dtype else None
     # every step's batch on the device before the loop, as bench e2e's one batch is (and ddp train's): a copy
     # from pageable host memory synchronises the stream, so drawn per step it left the host no lead
-    batches = [_to(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device) for i in range(total)]
+    batches = [to_device(source.local_batch_at(i, coords["dp"], spec.dp), ctx.device) for i in range(total)]
     timers, losses, act = timed_steps(pm, optimizer, batches, warmup=warmup, microbatches=microbatches,
                                       autocast=autocast, device=ctx.device)
     del batches

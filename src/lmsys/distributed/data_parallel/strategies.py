@@ -90,27 +90,27 @@ def adapters_module(spec):
 
 @register("naive", "lmsys NaiveDDP: one all-reduce per parameter after backward")
 def _naive(model, spec, ctx, *, dtype):
-    from lmsys.distributed.ddp import NaiveDDP
+    from lmsys.distributed.data_parallel.ddp import NaiveDDP
 
     return NaiveDDP(model)
 
 
 @register("flat", "lmsys FlatDDP: one all-reduce of all gradients flattened")
 def _flat(model, spec, ctx, *, dtype):
-    from lmsys.distributed.ddp import FlatDDP
+    from lmsys.distributed.data_parallel.ddp import FlatDDP
 
     return FlatDDP(model)
 
 
 @register("overlap", "lmsys OverlapDDP: an async all-reduce per parameter as its gradient is ready")
 def _overlap(model, spec, ctx, *, dtype):
-    from lmsys.distributed.ddp import OverlapDDP
+    from lmsys.distributed.data_parallel.ddp import OverlapDDP
 
     return OverlapDDP(model)
 
 
 def _bucketed_optimizer(wrapped, spec):
-    from lmsys.distributed.ddp import StepInFinish
+    from lmsys.distributed.data_parallel.ddp import StepInFinish
 
     return StepInFinish(wrapped) if spec.lever == "bucket-optimizer" else None
 
@@ -119,7 +119,7 @@ def _bucketed_optimizer(wrapped, spec):
           bucketed=True)
 def _bucketed(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
-    from lmsys.distributed import ddp
+    from lmsys.distributed.data_parallel import ddp
     from lmsys.train.optim import make_optimizer
 
     comm = None if spec.comm_dtype == "fp32" else torch_dtype(spec.comm_dtype)
@@ -150,7 +150,7 @@ def _lmsys_fsdp_params(wrapped, spec):
           optimizer_label="AdamW on shards", full_params=_lmsys_fsdp_params)
 def _fsdp(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
-    from lmsys.distributed.fsdp import FSDP
+    from lmsys.distributed.data_parallel.fsdp import FSDP
 
     return FSDP(model, compute_dtype=None if dtype == "fp32" else torch_dtype(dtype))
 
@@ -173,7 +173,7 @@ def torch_fully_shard(model, ctx, *, dtype: str):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from lmsys.core.devices import torch_dtype
-    from lmsys.distributed.ddp import broadcast_module_state
+    from lmsys.distributed.data_parallel.ddp import broadcast_module_state
     from lmsys.model.user import find_blocks
 
     broadcast_module_state(model)  # as every other strategy: rank 0's weights
@@ -243,7 +243,7 @@ def _yours_sharded_optimizer(wrapped, spec):
           "AdamW, ...): parity and optimizer state per rank against plain AdamW", adapters=True,
           optimizer=_yours_sharded_optimizer, optimizer_label="your sharded AdamW")
 def _yours_zero1(model, spec, ctx, *, dtype):
-    from lmsys.distributed.ddp import BucketedDDP
+    from lmsys.distributed.data_parallel.ddp import BucketedDDP
 
     return BucketedDDP(model, spec.bucket_mb)
 
@@ -265,7 +265,7 @@ def make_strategy_optimizer(wrapped, spec, *, sharded: bool):
     if own is not None:
         return own
     if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)
-        from lmsys.distributed.sharded_optimizer import ShardedOptimizer
+        from lmsys.distributed.data_parallel.zero1 import ShardedOptimizer
 
         return ShardedOptimizer(wrapped.parameters(), torch.optim.AdamW, lr=DDP_TRAIN_LR, **ADAMW_DEFAULTS)
     return make_optimizer(wrapped.parameters(), lr=DDP_TRAIN_LR)

@@ -30,7 +30,7 @@ from einops import rearrange
 from torch import nn
 
 from lmsys.distributed.mesh import Mesh
-from lmsys.distributed.pipeline import StepResult, partition
+from lmsys.distributed.model_parallel.pipeline import StepResult, partition
 from lmsys.kernels.attention import attention
 from lmsys.model.transformer import apply_rope
 

@@ -11,7 +11,7 @@ from typing import Optional
 from lmsys.core.errors import LmsysError
 from lmsys.core.imports import is_import_path
 from lmsys.core.parsing import choose, parse_list
-from lmsys.distributed.strategies import STRATEGIES as REGISTRY, check_name
+from lmsys.distributed.data_parallel.strategies import STRATEGIES as REGISTRY, check_name
 from lmsys.train.optim import DDP_TRAIN_LR
 
 # The rows without --strategy: lmsys's own and torch's (with --adapters, the adapters' rows too)
@@ -46,7 +46,7 @@ class RunSpec:
 
 
 def shardable(name: str) -> bool:
-    from lmsys.distributed.strategies import get
+    from lmsys.distributed.data_parallel.strategies import get
 
     strategy = get(name)
     return not strategy.shards_params and strategy.optimizer is None
@@ -58,7 +58,7 @@ def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: 
     """bucketed: a row per comm dtype × cap, then each lever and each SM carveout on top of the first
     comm dtype and cap. yours-bucketed and a wrapper taking bucket_size_mb: a row per cap; yours-zero1
     runs on the first cap."""
-    from lmsys.distributed.strategies import get
+    from lmsys.distributed.data_parallel.strategies import get
 
     runs = []
     for s in strategies:

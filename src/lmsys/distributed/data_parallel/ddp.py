@@ -19,7 +19,7 @@ everywhere):
   many SMs to NCCL (`MatmulCarveout`): NCCL's kernels hold their SMs for as long as they run, and a
   persistent GEMM sized for every SM then waits a second wave for the SMs NCCL holds.
   Optionally (`copy_engine`, GPUs of one host), the buckets are all-reduced by the copy engines over
-  NVLink instead of NCCL's kernels (lmsys.distributed.copy_engine), leaving every SM to the backward.
+  NVLink instead of NCCL's kernels (lmsys.distributed.data_parallel.copy_engine), leaving every SM to the backward.
 
 Shared rules:
 - Parameters with `requires_grad=False` are skipped; a parameter reached twice (tied weights) is
@@ -327,7 +327,7 @@ class BucketedDDP(_DataParallel):
         buffers = [None] * len(plan)
         self._ce = None
         if self.copy_engine:
-            from lmsys.distributed.copy_engine import CopyEngineAllReduce
+            from lmsys.distributed.data_parallel.copy_engine import CopyEngineAllReduce
             from lmsys.distributed.launch import timeout_seconds
 
             self._ce = CopyEngineAllReduce([sum(p.numel() for p in ps) for ps in plan], self._device,

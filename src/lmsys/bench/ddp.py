@@ -28,59 +28,35 @@ from lmsys.core import progress
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory
 from lmsys.core.imports import NotImplementedByUser
 from lmsys.core.parsing import MiB
-from lmsys.core.timing import RegionTimer, Stats, synchronize
+from lmsys.core.timing import Stats
+from lmsys.bench.ddp_runs import RunSpec
+from lmsys.distributed.data_parallel.strategies import (final_parameters, get as get_strategy, gradients,
+                                                        make_strategy_optimizer, optimizer_label, step_hooks,
+                                                        wrap_model)
+from lmsys.distributed.data_parallel.zero1 import optimizer_state_bytes
 from lmsys.distributed.launch import RankContext, barrier
-from lmsys.distributed.runs import RunSpec
-from lmsys.distributed.sharded_optimizer import optimizer_state_bytes
-from lmsys.distributed.strategies import (final_parameters, get as get_strategy, gradients, make_strategy_optimizer,
-                                          optimizer_label, step_hooks, wrap_model)
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig, get_config
 from lmsys.model.user import with_model
 from lmsys.train.build import build_model
-from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer
-from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
+from lmsys.train.optim import DDP_TRAIN_LR
+from lmsys.train.data import BatchSource, to_device
+from lmsys.train.loop import mfu_percent, train_loop, train_one_process
 
 
 def resolve_model_size(size: Optional[str], context_length: Optional[int], *, backend: str, dtype: str,
                        runs: list[RunSpec], model: Optional[str] = None, model_kwargs: str = "") -> tuple[str, int]:
     """(size, context length) of the model `ddp train` builds, resolved and checked once in the
-    launching process (not on every rank): the defaults for the backend's device, the dtype on that
-    device and for the strategies, a bad preset or YAML, a --model that does not build."""
+    launching process (not on every rank): lmsys.model.config.resolve_size's checks, and the dtype for
+    the strategies."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.errors import LmsysError
-    from lmsys.model.config import default_context_length, default_size, resolve_configs
+    from lmsys.model.config import resolve_size
 
-    device_type = "cuda" if backend == "nccl" else "cpu"
-    check_dtype_for_device(dtype, resolve_device(device_type))
+    check_dtype_for_device(dtype, resolve_device("cuda" if backend == "nccl" else "cpu"))  # this first
     if dtype == "fp16" and any(get_strategy(r.strategy).shards_params for r in runs):
         raise LmsysError("fsdp with fp16 needs a sharded gradient scaler, which lmsys does not have; use bf16")
-    size = size or default_size(device_type)
-    if context_length is None:  # an explicit 0 must reach the check, not become the default
-        context_length = default_context_length(device_type)
-    resolve_configs([size], context_length=context_length, model=model, model_kwargs=model_kwargs)
-    return size, context_length
-
-
-class BatchSource:
-    """A fixed pool of sequences; step i draws a shuffled global batch (deterministic in seed and i)."""
-
-    def __init__(self, *, vocab_size: int, seq_len: int, global_batch: int, seed: int, pool_factor: int = 4):
-        gen = torch.Generator().manual_seed(seed)
-        self.pool = torch.randint(0, vocab_size, (global_batch * pool_factor, seq_len + 1), generator=gen)
-        self.global_batch = global_batch
-        self.seed = seed
-
-    def global_batch_at(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        rows = torch.randperm(self.pool.shape[0], generator=gen)[:self.global_batch]
-        seqs = self.pool[rows]
-        return seqs[:, :-1], seqs[:, 1:]  # inputs, next-token targets: [G, S] each
-
-    def local_batch_at(self, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = self.global_batch_at(step)
-        b = self.global_batch // world
-        return inputs[rank * b:(rank + 1) * b], targets[rank * b:(rank + 1) * b]
+    return resolve_size(size, context_length, backend=backend, dtype=dtype, model=model, model_kwargs=model_kwargs)
 
 
 def train_job(ctx: RankContext, *, peak_tflops: Optional[float] = None, **kwargs) -> dict:
@@ -106,7 +82,7 @@ def _train_job(ctx: RankContext, *, runs: list[dict], size: str, context_length:
                                                           dtype=dtype, warmup=warmup, total=total, seed=seed)
     barrier(ctx)
 
-    batches = [_to(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
+    batches = [to_device(source.local_batch_at(i, ctx.rank, ctx.world_size), ctx.device) for i in range(total)]
     for spec in (RunSpec(**r) for r in runs):
         progress.start_row(spec.strategy)
         row = strategy_run(ctx, config, spec, batches, dtype=dtype, warmup=warmup,
@@ -131,7 +107,7 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
     ok, why = fits(config, batch_size=batch_size, dtype=dtype, device=ctx.device)
     progress.start_row(label)
     if ok:
-        batches = [_to(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
+        batches = [to_device(source.local_batch_at(i, 0, ctx.world_size), ctx.device) for i in range(total)]
         row, _ = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup, seed=seed,
                                      label=label, keep_params=False, estimate=why)
         del batches
@@ -147,7 +123,7 @@ def baseline_runs(ctx: RankContext, config, source, *, batch_size, dtype, warmup
     progress.start_row("reference")
     ok, why = fits(config, batch_size=full, dtype=dtype, device=ctx.device)
     if ok:
-        batches = [_to(source.global_batch_at(i), ctx.device) for i in range(total)]
+        batches = [to_device(source.global_batch_at(i), ctx.device) for i in range(total)]
         ref_row, reference = _guarded_single_run(config, batches, ctx=ctx, dtype=dtype, warmup=warmup,
                                                  seed=seed, label="reference", keep_params=True, estimate=why)
         why = ref_row["status"]
@@ -175,73 +151,17 @@ def _guarded_single_run(config, batches, *, ctx, dtype, warmup, seed, label, kee
     return oom_row(status, ROW_KEYS, strategy=label, optimizer="AdamW"), None
 
 
-def _to(batch, device):
-    """The batch on `device`, contiguous: BatchSource's inputs and targets are slices of one [G, S+1] pool
-    row; a copy to a GPU packs them anyway, on the CPU the loss's flatten would copy the targets each step."""
-    return tuple(t.to(device).contiguous() for t in batch)
-
-
-def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
-               on_first_grads=None, tracker=None, losses: Optional[list] = None) -> RegionTimer:
-    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). `before` and
-    `after_backward` default to the model's on_train_batch_start / finish_gradient_synchronization;
-    `on_first_grads()` runs once, after the first step's backward and gradient synchronisation. With
-    `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase. `losses`: each
-    step's detached loss is appended (on the device: nothing synchronises)."""
-    step = TrainStep(model, optimizer, device=device, dtype=dtype)
-    timer = RegionTimer(device)
-    names = {**TIMER_NAMES, "after_backward": "comm wait"}
-    before = before or getattr(model, "on_train_batch_start", None)
-    after_backward = after_backward or getattr(model, "finish_gradient_synchronization", None)
-    if after_backward is not None and tracker is not None:
-        after_backward = tracker.in_phase("comm", after_backward)
-    progress.plan_steps(len(batches))
-    for i, (inputs, targets) in enumerate(batches):
-        after = after_backward
-        if i == 0 and on_first_grads is not None:
-            def after():
-                if after_backward is not None:
-                    after_backward()
-                on_first_grads()
-        loss = run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
-                        before=before, after_backward=after)
-        if losses is not None:
-            losses.append(loss)
-        progress.step()
-    synchronize(device)
-    return timer
-
-
 def single_process_run(config, batches, *, device, dtype, warmup, seed, label, keep_params: bool):
-    """(row, (final parameters, first-step gradients) on the host, or None)."""
-    free_memory(device)
-    reset_peak_memory(device)
-    model = build_model(config, device=device, seed=seed)
-    optimizer = make_optimizer(model.parameters(), lr=DDP_TRAIN_LR)
-    pin = torch.device(device).type == "cuda"  # pinned: fast copies back for every parity check
-
-    def host(t):
-        return t.detach().cpu().pin_memory() if pin else t.detach().clone()
-
-    grads = {}
-
-    def keep_grads():
-        grads.update({name: host(p.grad) for name, p in model.named_parameters() if p.grad is not None})
-
-    timer = train_loop(model, optimizer, batches, device=device, dtype=dtype, warmup=warmup,
-                       on_first_grads=keep_grads if keep_params else None)
-    peak = peak_memory(device)
-    optim_bytes = optimizer_state_bytes(optimizer)
-    params = None
-    if keep_params:
-        params = ({name: host(p) for name, p in model.named_parameters()}, grads)
-    del model, optimizer
-    free_memory(device)
-    stats = timer.stats()
+    """(row, (final parameters, first-step gradients) on the host, or None): lmsys.train.loop's
+    train_one_process with the strategies' AdamW (foreach)."""
+    run = train_one_process(config, batches, device=device, dtype=dtype, warmup=warmup, seed=seed,
+                          keep_params=keep_params, keep_first_grads=keep_params)
+    stats = run.timer.stats()
     tokens = batches[0][0].numel()
     util = mfu_percent(config, tokens=tokens, step_ms=stats["step"].median, device=device, dtype=dtype, processes=1)
-    row = _timing_row(label, stats, tokens=tokens, peak=peak, optimizer="AdamW", optim_bytes=optim_bytes, mfu=util)
-    return row, params
+    row = _timing_row(label, stats, tokens=tokens, peak=run.peak_bytes, optimizer="AdamW",
+                      optim_bytes=run.optimizer_bytes, mfu=util)
+    return row, ((run.params, run.first_grads) if keep_params else None)
 
 
 def parity_tolerance(dtype: str, spec: RunSpec, *, total: int) -> tuple[float, float]:
@@ -350,20 +270,6 @@ def _max_over_ranks(ctx: RankContext, value: Optional[int]) -> Optional[int]:
 
 ROW_KEYS = ("strategy", "optimizer", "ms/step", "forward ms", "backward ms", "comm wait ms", "optimizer ms",
             "peak MiB/rank", "optim MiB/rank", "tokens/s", "MFU %", "scaling eff %", "parity max|Δθ|", "status")
-
-
-def mfu_percent(config: ModelConfig, *, tokens: int, step_ms: float, device, dtype: str, processes: int):
-    """Model FLOPs utilisation of all `processes` GPUs together (lmsys.core.flops' convention: 6·N per
-    token plus attention), or None off a GPU or for a GPU without a known peak."""
-    from lmsys.core.devices import peak_tflops
-    from lmsys.core.flops import mfu
-    from lmsys.model.user import model_flops
-
-    flops = model_flops(config, batch_size=tokens // config.context_length, seq_len=config.context_length,
-                        backward=True)
-    peak = peak_tflops(torch.device(device), dtype)
-    util = mfu(flops, step_ms, None if peak is None else peak * processes)
-    return None if util is None else 100 * util
 
 
 def _timing_row(label: str, stats: dict[str, Stats], *, tokens: int, peak: Optional[int], optimizer: str,

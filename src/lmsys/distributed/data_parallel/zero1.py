@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from lmsys.distributed.primitives import all_gather_flat
+from lmsys.train.optim import optimizer_state_bytes  # noqa: F401 - re-exported: what a rank's shard holds
 
 DEFAULT_BUCKET_MB = 256.0
 _MiB = 1 << 20
@@ -180,28 +181,3 @@ class ShardedOptimizer(torch.optim.Optimizer):
             works.append(dist.all_gather(chunks, shard.clone(), group=self.group, async_op=True))
         for work in works:
             work.wait()
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of optimizer state held on this rank: every tensor in `optimizer.state` (for a
-    ShardedOptimizer, its local optimizer's state: this rank's shard only; for an optimizer that lists
-    its own, `state_tensors()`, as BucketedDDP's per-bucket optimizers do; for FSDP2's DTensors, the
-    local shard), each storage once. Parameters and gradients are not state and are not counted."""
-    if hasattr(optimizer, "state_tensors"):
-        tensors = optimizer.state_tensors()
-    else:
-        inner = getattr(optimizer, "local_optimizer", None) or optimizer
-        # a user's sharded optimizer may keep its local optimizer under any attribute name
-        inners = [inner] + [v for v in vars(inner).values() if isinstance(v, torch.optim.Optimizer) and v is not inner]
-        tensors = [value for opt in inners for state in opt.state.values() for value in state.values()
-                   if torch.is_tensor(value)]
-    seen: set[int] = set()
-    total = 0
-    for value in tensors:
-        value = value.to_local() if hasattr(value, "to_local") else value
-        if value.numel() and value.data_ptr() in seen:
-            continue
-        if value.numel():
-            seen.add(value.data_ptr())
-        total += value.numel() * value.element_size()
-    return total
