@@ -6,7 +6,7 @@ FlashAttention-3's one-launch backward, dQ by TMA reduce-adds). How they work: d
 Limits (`usable`, `usable_backward`): an NVIDIA sm_90 GPU and the triton release the kernels were written
 for (TRITON_RELEASES); bf16/fp16; d 64 or 128; as many keys as queries, a multiple of the tiles; contiguous,
 16-byte aligned [Z, H, N, d] inputs; query heads a multiple of key/value heads. The backward is not bitwise
-reproducible. `lmsys.kernels.flash_triton`'s dispatcher runs these kernels where its Policy asks and they
+reproducible. `lmsys.kernels.flash`'s dispatcher runs these kernels where its Policy asks and they
 take the inputs, the tl kernels everywhere else.
 """
 from __future__ import annotations
