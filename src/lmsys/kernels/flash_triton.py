@@ -243,7 +243,7 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
 
 
 # (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken (where they
-# come from: docs/benchmarks/attention.md). The dK/dV kernel takes the "dkdv" list also when it accumulates
+# come from: docs/kernels.md). The dK/dV kernel takes the "dkdv" list also when it accumulates
 # dQ (deterministic=False).
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
