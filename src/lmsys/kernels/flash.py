@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lmsys.core.errors import LmsysError
-from lmsys.kernels import flash_triton as ft  # by module: the tests patch its names (INTERPRET, CONFIGS, ...)
+from lmsys.kernels import flash_triton as ft  # names read at each call: patching INTERPRET, CONFIGS... there holds
 from lmsys.kernels import precompile, tuning
 from lmsys.kernels.shapes import check_qkv
 
