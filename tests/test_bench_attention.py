@@ -147,7 +147,7 @@ def test_bench_attention_head_errors(lmsys, args, needle):
 def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
     """--policy: one flash-triton row per variant after the default one, each forward and backward
     launched under default_policy() with exactly those fields changed; other impls run once."""
-    from lmsys.kernels import flash_triton as ft
+    from lmsys.kernels import flash as ft
 
     seen = []
     forward, backward = ft.launch_forward, ft.launch_backward
@@ -192,7 +192,7 @@ def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
 def test_policy_values_are_typed_from_the_dataclass_fields(monkeypatch):
     from dataclasses import dataclass
 
-    from lmsys.kernels import flash_triton as ft
+    from lmsys.kernels import flash as ft
 
     variants = bench_attention.policy_variants(["pick=3,deterministic=none", "tma=off", "gluon=no,tma=1,gluon=on"])
     assert variants == (("pick=3,deterministic=None", (("pick", 3), ("deterministic", None))),

@@ -20,6 +20,22 @@ def test_version(lmsys):
     assert r.code == 0 and r.out.strip() == f"lmsys {__version__}"
 
 
+def test_version_is_the_newest_release_in_the_changelog():
+    """pyproject takes its version from lmsys.__version__; both follow CHANGELOG.md's newest release."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from lmsys import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d\d-\d\d$", (root / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0] == __version__, releases
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lmsys.__version__"}
+
+
 def test_ci_runs_the_readme_quick_start_as_it_stands():
     """README's two quick-start commands install a CPU torch the same way, and .ci/run pins the same torch
     and then runs the second command's install-and-test part verbatim."""

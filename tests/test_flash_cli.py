@@ -73,20 +73,19 @@ def test_flash_check_runs_the_default_policys_levers(monkeypatch):
 
     import torch
 
-    from lmsys.kernels import flash_triton
+    from lmsys.kernels import flash
 
-    monkeypatch.setattr(flash_triton, "DEFAULT_POLICY", dataclasses.replace(flash_triton.DEFAULT_POLICY,
-                                                                           tma_backward=True))
+    monkeypatch.setattr(flash, "DEFAULT_POLICY", dataclasses.replace(flash.DEFAULT_POLICY, tma_backward=True))
     seen = []
-    real = flash_triton.FlashAttentionTriton.apply
+    real = flash.FlashAttentionTriton.apply
 
     def spy(q, k, v, causal, deterministic, policy):
         seen.append((policy.pick, policy.tma_backward))
         return real(q, k, v, causal, deterministic, policy)
 
-    monkeypatch.setattr(flash_triton.FlashAttentionTriton, "apply", spy)
+    monkeypatch.setattr(flash.FlashAttentionTriton, "apply", spy)
     cases = [flash_check.Case((2,), 19, 23, 80, True, "fp32", kv_heads=1), flash_check.Case((), 9, 9, 16, False, "bf16")]
     rows = list(flash_check.run_check("flash-triton", cases, device=torch.device("cpu"), seed=0))
     assert [row["result"] for row in rows] == ["pass", "pass"]
     assert seen == [(0, True), (1, True)]
-    assert flash_triton.DEFAULT_POLICY.pick is None  # the check's picks did not leak into the default
+    assert flash.DEFAULT_POLICY.pick is None  # the check's picks did not leak into the default

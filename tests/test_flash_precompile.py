@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lmsys.kernels import flash_triton, precompile, tuning
+from lmsys.kernels import flash, flash_triton, precompile, tuning
 from lmsys.kernels.flash_triton import _config
 
 
@@ -45,8 +45,8 @@ def compiled(monkeypatch, tmp_path):
     monkeypatch.setattr(flash_triton, "INTERPRET", False)
     for name in ("_attn_bwd_dq", "_attn_bwd_dkdv", "_attn_bwd_preprocess"):
         monkeypatch.setattr(flash_triton, name, _Kernel(name, log))
-    monkeypatch.setattr(flash_triton, "_first_call", lambda: None)  # no driver, no Triton hash here
-    monkeypatch.setattr(flash_triton, "_PRECOMPILED", set())
+    monkeypatch.setattr(flash, "_first_call", lambda: None)  # no driver, no Triton hash here
+    monkeypatch.setattr(flash, "_PRECOMPILED", set())
     monkeypatch.setattr(precompile, "allowed", lambda device: True)
     monkeypatch.setattr(precompile, "start", lambda compiles, device: log.append(("start", list(compiles))))
     monkeypatch.setenv("LMSYS_CACHE_DIR", str(tmp_path / "cache"))
@@ -115,7 +115,7 @@ def test_a_class_the_tuner_would_time_compiles_its_shortlist_untimed(compiled, m
                                                     if e[0] == "compile" and e[1] == "_attn_bwd_dq")
 
     monkeypatch.setattr(flash_triton.TUNER, "memory", {})  # a new process: the choice is on disk
-    monkeypatch.setattr(flash_triton, "_PRECOMPILED", set())
+    monkeypatch.setattr(flash, "_PRECOMPILED", set())
     compiled.clear()
     prepared, real = _prepare_then_run(compiled, q, k, v, policy)
     assert [dict(seen[1])["BLOCK_M"] for _, name, seen in prepared if name == "_attn_bwd_dq"] == [32]
@@ -151,7 +151,7 @@ def test_the_gluon_backward_is_precompiled_with_its_own_arguments(compiled, monk
                 prepare.append(lambda: calls.append("compiled"))
             return "fake"
 
-    monkeypatch.setattr(flash_triton, "_gluon", lambda: Gluon)
+    monkeypatch.setattr(flash, "_gluon", lambda: Gluon)
     policy = replace(flash_triton.default_policy(), deterministic=False)
     q, k, v = _inputs(n=128, heads=2, d=64)
     k = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # strided: copied for the one launch

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lmsys.core.errors import LmsysError
-from lmsys.kernels import flash_triton
+from lmsys.kernels import flash, flash_triton
 from lmsys.kernels.attention import attention, naive_attention
 from lmsys.bench.flash_check import reference_attention, relative_error
 from lmsys.kernels.flash_triton import FlashAttentionTriton, flash_forward
@@ -315,6 +315,27 @@ def test_head_dims_past_128_need_16_bit_inputs(d):
         flash_forward(q, q, q)
     out, lse = flash_forward(q.half(), q.half(), q.half())
     assert out.dtype == torch.float16 and lse.dtype == torch.float32
+
+
+def test_the_names_that_moved_to_flash_stay_importable_from_flash_triton():
+    """Policy, the dispatch, the precompile hook, FlashAttentionTriton and the custom ops live in
+    lmsys.kernels.flash; from lmsys.kernels.flash_triton they are the same objects, in a fresh process that
+    imports flash_triton first (flash imports it: no cycle), and the custom ops are registered."""
+    import subprocess
+    import sys
+
+    code = ("import lmsys.kernels.flash_triton as ft\n"
+            "from lmsys.kernels.flash_triton import FlashAttentionTriton, Policy, flash_attention, kernels_ran\n"
+            "import torch\n"
+            "from lmsys.kernels import flash\n"
+            "assert all(getattr(ft, name) is getattr(flash, name) for name in ft._MOVED)\n"
+            "assert FlashAttentionTriton is flash.FlashAttentionTriton and Policy is flash.Policy\n"
+            "assert torch.ops.lmsys.flash_fwd.default and torch.ops.lmsys.flash_bwd.default\n"
+            "assert not hasattr(ft, 'flash_backward') and not hasattr(flash, 'flash_backward')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        flash_triton.nothing_here  # noqa: B018
 
 
 def test_unsupported_dtype():
@@ -685,7 +706,7 @@ def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeyp
     """deterministic=None: the one launch from Policy.gluon_bwd_min_keys keys, with strided views copied; True:
     never; False: at any length. The results match float64 either way, and `ran` names what ran."""
     fake = _FakeGluon(_gluon_module())
-    monkeypatch.setattr(flash_triton, "_gluon", lambda: fake)
+    monkeypatch.setattr(flash, "_gluon", lambda: fake)
     q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=11)
     k, v = (x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in (k, v))  # strided, like the model's
     expected = []
@@ -781,7 +802,7 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
             lse.copy_(lse_ref)
             return "gluon stand-in"
 
-    monkeypatch.setattr(flash_triton, "_gluon", lambda: StandIn)
+    monkeypatch.setattr(flash, "_gluon", lambda: StandIn)
     torch.manual_seed(d + n)
     heads = torch.randn(1, n, 3 * 2 * d, dtype=torch.bfloat16, device=DEVICE)
     q, k, v = heads.view(1, n, 6, d).transpose(1, 2).split(2, dim=1)  # the model's views

@@ -1,3 +1,3 @@
 """lmsys: the systems side of training Transformer language models, as one CLI."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

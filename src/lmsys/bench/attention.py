@@ -10,7 +10,7 @@ sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d 
 halved when causal.
 
 Levers: with `policies`, flash-triton runs once under its default policy and once per variant, each a
-lmsys.kernels.flash_triton.Policy with some fields changed (`--policy tma=true,persistent=true`); every
+lmsys.kernels.flash.Policy with some fields changed (`--policy tma=true,persistent=true`); every
 row then names its policy. Fields are typed from the dataclass itself, whichever fields it has.
 """
 
@@ -136,11 +136,11 @@ def _policy_value(key: str, text: str, hint) -> object:
 
 def policy_variants(texts: list[str]) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...]:
     """Each --policy text as (label, ((field, typed value), ...)), checked against the fields of
-    lmsys.kernels.flash_triton.Policy (a field given twice in one text: the later value)."""
+    lmsys.kernels.flash.Policy (a field given twice in one text: the later value)."""
     import dataclasses
     import typing
 
-    from lmsys.kernels.flash_triton import Policy
+    from lmsys.kernels.flash import Policy
 
     hints = typing.get_type_hints(Policy)
     levers = [f.name for f in dataclasses.fields(Policy) if f.init and f.name not in NOT_LEVERS]
@@ -218,7 +218,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
     if "flash-triton" in sweep.impls:
         for d in sweep.d_head:
             check_impl("flash-triton", d_head=d)
-        from lmsys.kernels.flash_triton import check_device
+        from lmsys.kernels.flash import check_device
 
         check_device(device)
     return sweep, notes
@@ -305,7 +305,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         def forward():
             return attention(q, k, v, sweep.causal, impl)
     else:  # the call attention()'s flash-triton makes, under the changed policy
-        from lmsys.kernels.flash_triton import FlashAttentionTriton, default_policy
+        from lmsys.kernels.flash import FlashAttentionTriton, default_policy
 
         changed = replace(default_policy(), **policy)
 

@@ -230,7 +230,7 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
 
     tiles = impl == "flash-triton"
     if tiles:
-        from lmsys.kernels import flash_triton
+        from lmsys.kernels import flash
     for i, case in enumerate(cases):
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
         dtype = torch_dtype(case.dtype)
@@ -242,13 +242,13 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
         q, k, v, do = draw(case.n_q), draw(case.n_k, kv=True), draw(case.n_k, kv=True), draw(case.n_q)
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         if tiles:
-            policy = replace(flash_triton.default_policy(), pick=i)  # the levers users run, at tile pick i
-            out = flash_triton.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
+            policy = replace(flash.default_policy(), pick=i)  # the levers users run, at tile pick i
+            out = flash.FlashAttentionTriton.apply(q_, k_, v_, case.causal, None, policy)
         else:
             out = attention(q_, k_, v_, case.causal, impl)
         lse = _saved_lse(out, q_)
         dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), do.to(device))
-        ran = flash_triton.kernels_ran(out) if tiles else {}
+        ran = flash.kernels_ran(out) if tiles else {}
 
         q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
         o_ref, lse_ref = reference_attention(q64, k64, v64, case.causal)

@@ -99,7 +99,7 @@ def check_attention_impl(name: Optional[str], device) -> None:
     if name != "flash-triton":
         return
     require_triton("flash-triton")
-    from lmsys.kernels.flash_triton import check_device
+    from lmsys.kernels.flash import check_device
 
     check_device(device)
 

@@ -114,7 +114,7 @@ def _flash_torch(q, k, v, is_causal):
 
 
 def _flash_triton(q, k, v, is_causal):
-    from lmsys.kernels.flash_triton import flash_attention  # custom ops under torch.compile: no graph break
+    from lmsys.kernels.flash import flash_attention  # custom ops under torch.compile: no graph break
 
     return flash_attention(q, k, v, is_causal)
 
@@ -140,7 +140,7 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
         resolve(name, adapters=None)
     choose(name, IMPLS, what="attention implementation")
     if name == "flash-triton" and d_head is not None:
-        from lmsys.kernels.flash_triton import check_head_dim
+        from lmsys.kernels.flash import check_head_dim
 
         check_head_dim(d_head)
     return name

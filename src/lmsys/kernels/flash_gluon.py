@@ -1,12 +1,12 @@
 """FlashAttention's forward and backward in Gluon for Hopper (H100/H200): the warp roles triton.language
 cannot say (a TMA load warp feeding compute warp groups that run asynchronous wgmma under the softmax;
-FlashAttention-3's one-launch backward, dQ by TMA reduce-adds). How they work: docs/benchmarks/attention.md,
-"How the Triton and Gluon kernels work".
+FlashAttention-3's one-launch backward, dQ by TMA reduce-adds). How they work and where their configs come
+from: docs/kernels.md.
 
 Limits (`usable`, `usable_backward`): an NVIDIA sm_90 GPU and the triton release the kernels were written
 for (TRITON_RELEASES); bf16/fp16; d 64 or 128; as many keys as queries, a multiple of the tiles; contiguous,
 16-byte aligned [Z, H, N, d] inputs; query heads a multiple of key/value heads. The backward is not bitwise
-reproducible. `lmsys.kernels.flash_triton`'s dispatcher runs these kernels where its Policy asks and they
+reproducible. `lmsys.kernels.flash`'s dispatcher runs these kernels where its Policy asks and they
 take the inputs, the tl kernels everywhere else.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Config:
             raise ValueError("one tile must divide the other (the causal diagonal's tiles)")
 
 
-# The forward's config per head dim: the fastest of a sweep at the leaderboard shape (docs/benchmarks/attention.md).
+# The forward's config per head dim: the fastest of a sweep at the leaderboard shape (docs/kernels.md).
 CONFIGS = {d: Config(128, 128, 3, 2, 8, 168, 2) for d in (64, 128)}
 
 
@@ -91,7 +91,7 @@ class BwdConfig:
             raise ValueError(f"maxnreg {self.maxnreg} does not fit {self.warps} + 4 warps in the register file")
 
 
-# The backward's config per head dim (docs/benchmarks/attention.md).
+# The backward's config per head dim (docs/kernels.md).
 BWD_CONFIGS = {d: BwdConfig(64, 128, 2, 8, 168, early_dp=True) for d in (64, 128)}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the

@@ -1,19 +1,14 @@
-"""FlashAttention-2 forward and backward as Triton kernels: the tl kernels, their autotune configs, the host
-launchers, the one dispatcher that picks them or lmsys.kernels.flash_gluon's Hopper kernels, and the
-autograd function. How they work: docs/benchmarks/attention.md, "How the Triton and Gluon kernels work";
-where the defaults come from: its last section.
+"""FlashAttention-2 forward and backward as Triton kernels: the tl kernels, their configs (what fits, what
+the tuner times per shape class, the choice kept on disk by lmsys.kernels.tuning, keyed by this file's
+hash) and the host launchers that run them on [Z, H, n, d] tensors under a `Policy`. lmsys.kernels.flash
+holds what callers run (Policy, the Gluon/tl dispatch, the backward precompile, FlashAttentionTriton, the
+custom ops); those names stay importable from here. How it works and where the defaults come from:
+docs/kernels.md.
 
 Limits: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv, any n_q, n_k >= 1,
 causal top-left aligned; head dims that are multiples of 8 from 16 to 256 in fp16 and bf16, up to 128 in
 fp32 (tf32x3 dots) and only where the smallest tile fits the GPU's shared memory. CUDA tensors, or CPU
 tensors under TRITON_INTERPRET=1 (set before this module is imported).
-
-How the kernels run is a frozen `Policy` passed in (tiles tuned or picked, and the levers);
-`launch_forward` / `launch_backward` return what ran. Tuning times at most two configs per kernel and shape
-class (bucketed lengths) and keeps the choice on disk (`lmsys.kernels.tuning`, under its cache_dir());
-LMSYS_FLASH_AUTOTUNE=0 makes the default policy take the first config that fits. `flash_attention` (the
-model's path) runs the custom ops lmsys::flash_fwd and lmsys::flash_bwd under torch.compile, which then
-keeps one graph through attention.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -31,9 +25,10 @@ import triton.language as tl
 from triton.runtime import _allocation  # which allocator this thread has (see _set_tma_allocator)
 
 from lmsys.core.devices import capability, sm_count
-from lmsys.core.errors import LmsysError
-from lmsys.kernels import precompile, triton_interpreted, tuning
-from lmsys.kernels.shapes import check_qkv
+from lmsys.kernels import triton_interpreted, tuning
+
+if TYPE_CHECKING:
+    from lmsys.kernels.flash import Policy
 
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 256, 8
 HEAD_DIMS = tuple(range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1, HEAD_DIM_STEP))
@@ -248,7 +243,7 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
 
 
 # (BLOCK_M, BLOCK_N, warps, stages) on a GPU; without autotuning, the first that fits is taken (where they
-# come from: docs/benchmarks/attention.md). The dK/dV kernel takes the "dkdv" list also when it accumulates
+# come from: docs/kernels.md). The dK/dV kernel takes the "dkdv" list also when it accumulates
 # dQ (deterministic=False).
 GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 4, 3),
@@ -346,7 +341,7 @@ def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> li
     """The configs `kernel` may run at these constants and inputs, in their order (at least one)."""
     budget = dict(d_pad=consts["HEAD_DIM_PAD"], elem=q.element_size(), smem=shared_memory(q.device))
     if consts.get("WARP_SPEC"):
-        return warp_spec_configs(configs, **budget)  # flash_forward asks for it only where this is not empty
+        return warp_spec_configs(configs, **budget)  # _tl_forward asks for it only where this is not empty
     return fitting_configs(kernel, configs, **budget)
 
 
@@ -375,97 +370,6 @@ def _shortlist(kernel: str, fitting: list, *, d_pad: int, rows: int, heads: int,
 def _tiles(config: triton.Config) -> tuple:
     return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
-
-@dataclass(frozen=True)
-class Policy:
-    """How the launchers run the kernels; frozen (change a lever with dataclasses.replace). The autograd
-    function and `launch_forward` / `launch_backward` take one; `default_policy()` is what users run.
-
-    pick: None = lmsys's tuner over CONFIGS (`_tuned`: at most two fitting configs timed once per shape
-      class, the choice kept in memory and on disk); an int i = untimed, the i-th (modulo their number)
-      of the configs that fit, for each kernel.
-    configs: ((kernel, (Config, ...)), ...) that `pick` chooses from instead of CONFIGS (needs a pick); a
-      dict {kernel: [Config, ...]} is accepted and stored as such pairs.
-    wide_configs: `pick` chooses from WIDE_CONFIGS followed by CONFIGS (needs a pick).
-    deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
-      backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 64/128; strided views
-      copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
-      atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
-      False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
-      when `gluon` is on, the tl one elsewhere).
-    tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
-      tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides).
-    tma_backward: the backward's streamed loads (Qᵀ and dO in the dK/dV kernel, Kᵀ and Vᵀ in the dQ
-      kernel) through tensor descriptors, where `tma` could run them.
-    tma_reduce_dq: with deterministic=False and descriptors in the backward, dQ is added by TMA reduce-adds
-      on a GPU (element-wise atomics otherwise, and always under the interpreter).
-    warp_specialize: the forward's key loop as tl.range(..., warp_specialize=True), with the 8-warp
-      configs only (WARP_SPEC_MIN_WARPS; off where none fits).
-    warp_spec_with_tma: keep warp_specialize on where the forward's descriptors run (off: `tma` wins).
-    gluon: the forward runs lmsys.kernels.flash_gluon where `flash_gluon.usable` takes the inputs (Hopper,
-      bf16/fp16, d 64/128, n_q == n_k a multiple of its tiles, contiguous, or strided and copied from
-      `gluon_copy_min_keys` keys); the tl forward elsewhere. Where it runs, the tl forward's levers (tma,
-      warp_specialize, persistent, and pick/configs for "fwd") do not apply. The Gluon one-launch backward
-      runs there too: from `gluon_bwd_min_keys` keys with deterministic=None, at any length with False,
-      never with True.
-    gluon_bwd_min_keys: see deterministic.
-    gluon_copy_min_keys: ((head dim, keys), ...): from how many keys the forward copies strided q, k, v
-      for the Gluon forward at that head dim (never at head dims not listed).
-    persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
-      (query tile, batch·head) work items, causal ones heaviest first across all heads.
-    """
-
-    pick: int | None = None
-    configs: tuple | None = None
-    deterministic: bool | None = None
-    tma: bool = False
-    tma_backward: bool = False
-    warp_specialize: bool = False
-    gluon: bool = False
-    persistent: bool = False
-    gluon_bwd_min_keys: int = 4096
-    gluon_copy_min_keys: tuple = ((128, 16384),)
-    tma_reduce_dq: bool = True
-    warp_spec_with_tma: bool = False
-    wide_configs: bool = False
-
-    def __post_init__(self):
-        for name in ("configs", "gluon_copy_min_keys"):  # dicts and lists kept as hashable pairs
-            value = getattr(self, name)
-            if isinstance(value, dict):
-                value = value.items()
-            if value is not None and not isinstance(value, tuple):
-                value = tuple(value)
-            if value is not None:
-                value = tuple((key, tuple(v) if isinstance(v, list) else v) for key, v in value)
-            object.__setattr__(self, name, value)
-
-    def configs_for(self, kernel: str) -> list:
-        """The configs `pick` chooses from for `kernel`."""
-        if self.configs is not None:
-            return list(dict(self.configs)[kernel])
-        return WIDE_CONFIGS[kernel] + CONFIGS[kernel] if self.wide_configs else CONFIGS[kernel]
-
-    def gluon_copy_from(self, d: int) -> float:
-        """From how many keys strided inputs at head dim d are copied for the Gluon forward (inf: never)."""
-        return dict(self.gluon_copy_min_keys).get(d, math.inf)
-
-
-DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
-
-Ran = dict  # what a launch ran: kernel ("fwd", "dq", "dkdv", or "bwd" for the Gluon one launch) -> its tiles
-
-
-def default_policy() -> Policy:
-    """DEFAULT_POLICY, taking the first config that fits instead of autotuning when LMSYS_FLASH_AUTOTUNE=0."""
-    if os.environ.get("LMSYS_FLASH_AUTOTUNE") == "0":
-        return _first_fit(DEFAULT_POLICY)
-    return DEFAULT_POLICY
-
-
-@functools.lru_cache(maxsize=8)
-def _first_fit(policy: Policy) -> Policy:
-    return replace(policy, pick=0)  # cached: replace costs µs on every attention call
 
 
 def _kernels() -> dict:
@@ -829,68 +733,6 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
 # ------------------------------------------------------------------------------------- launchers
 
 
-def check_device(device) -> None:
-    """CUDA, or any device when Triton's interpreter is on; otherwise point at flash-torch."""
-    if torch.device(device).type != "cuda" and not INTERPRET:
-        raise LmsysError(
-            f"flash-triton needs CUDA tensors (got {torch.device(device).type}); use flash-torch on a CPU",
-            hint="or set TRITON_INTERPRET=1 before lmsys is imported to run the Triton kernels in its interpreter",
-        )
-
-
-def check_head_dim(d: int) -> None:
-    """The head dims the kernels take: multiples of 8 from 16 to 256 (fp32 narrows them: _check_inputs)."""
-    if d not in HEAD_DIMS:
-        raise LmsysError(f"flash-triton: head dim {d} is not supported (supported: multiples of {HEAD_DIM_STEP} "
-                         f"from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})", hint="use flash-torch or sdpa for other head dims")
-
-
-@functools.lru_cache(maxsize=None)
-def _smallest_tiles(d_pad: int, elem: int) -> dict:
-    """Shared-memory bytes of each kernel's cheapest config (cached: checked on every call)."""
-    return {kernel: min(_cost(kernel, c, d_pad, elem)[1] for c in configs) for kernel, configs in CONFIGS.items()}
-
-
-def _check_shared_memory(d: int, dtype, device) -> None:
-    """Every kernel has a config whose tiles fit in this GPU's shared memory (read from the device)."""
-    smem = shared_memory(device)
-    if smem is None:
-        return
-    for kernel, need in _smallest_tiles(head_dim_pad(d), dtype.itemsize).items():
-        if need > smem:
-            raise LmsysError(f"flash-triton: head dim {d} in {dtype} needs {need} bytes of shared memory per "
-                             f"block ({kernel} kernel, smallest tile); this GPU offers {smem}",
-                             hint="use bf16 or fp16, a smaller head dim, or flash-torch / sdpa")
-
-
-def _check_inputs(q, k, v) -> None:
-    # shape constraints
-    check_qkv(q, k, v, impl="flash-triton")
-    d = q.shape[-1]
-    check_head_dim(d)
-    if q.dtype not in DTYPES:
-        raise LmsysError(f"flash-triton: dtype {q.dtype} is not supported (float32, float16, bfloat16)")
-    if q.dtype == torch.float32 and d > FP32_MAX_HEAD_DIM:
-        raise LmsysError(f"flash-triton: head dim {d} needs fp16 or bf16 inputs (in fp32 its tiles do not fit "
-                         f"in shared memory; fp32 supports head dims up to {FP32_MAX_HEAD_DIM})",
-                         hint="cast to bf16, or use flash-torch or sdpa")
-    check_device(q.device)
-    _check_shared_memory(d, q.dtype, q.device)
-
-
-def _as_4d(x: torch.Tensor) -> torch.Tensor:
-    """[..., h, n, d] -> [Z, h, n, d] with unit stride along d: a view when the strides allow it."""
-    if x.dim() == 2:
-        x = x[None, None]
-    elif x.dim() == 3:
-        x = x[None]
-    elif x.dim() > 4:
-        x = x.reshape(-1, *x.shape[-3:])
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return x
-
-
 def _dot_precision(dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit inputs
 
@@ -930,18 +772,6 @@ def _set_tma_allocator() -> None:
 
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
-
-@functools.lru_cache(maxsize=None)
-def _gluon():
-    """lmsys.kernels.flash_gluon, or None where this triton has no Gluon for Hopper, is not the release
-    the kernel was written for (flash_gluon.TRITON_RELEASES), or runs the interpreter (no Gluon there)."""
-    if INTERPRET:
-        return None
-    try:
-        from lmsys.kernels import flash_gluon
-    except (ImportError, AttributeError):
-        return None
-    return flash_gluon if flash_gluon.available() else None
 
 
 def _persistent_programs(device) -> int:
@@ -1048,241 +878,20 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     return dq4.to(q4.dtype), dk4, dv4, ran
 
 
-def _gluon_forward(gluon, q4, k4, v4, is_causal: bool):
-    """flash_gluon's forward on inputs it took: (o4, lse, what ran)."""
-    Z, H, n_q, d = q4.shape
-    o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
-    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
-    with _device_guard(q4.device):
-        tiles = gluon.forward(q4, k4, v4, o4, lse, is_causal)
-    return o4, lse, {"fwd": tiles}
+# The names that moved to lmsys.kernels.flash, importable from here as before. Looked up on first use:
+# flash imports this module, so importing it here at the top would be a cycle.
+_MOVED = frozenset({
+    "Policy", "DEFAULT_POLICY", "Ran", "default_policy", "launch_forward", "launch_backward", "flash_forward",
+    "FlashAttentionTriton", "kernels_ran", "flash_attention", "_flash_fwd", "_flash_bwd", "_dispatch",
+    "_gluon", "_gluon_forward", "_gluon_backward", "_precompile_backward", "_PRECOMPILED", "_first_call",
+    "_first_fit", "_check_inputs", "_as_4d", "check_device", "check_head_dim", "_check_shared_memory",
+    "_smallest_tiles",
+})
 
 
-def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, prepare: list | None = None):
-    """flash_gluon's one-launch backward on (contiguous) inputs it took: D first, then the kernel adds into a
-    zeroed float32 dQ that it casts into q's dtype. (dq4, dk4, dv4, what ran); with `prepare` (see _launch)
-    None, the compiles appended."""
-    Z, H, n_q, d = q4.shape
-    H_kv, n_k = k4.shape[1], k4.shape[2]
-    dq32 = (torch.zeros if prepare is None else torch.empty)((Z, H, n_q, d), dtype=torch.float32, device=q4.device)
-    dq = torch.empty(q4.shape, dtype=q4.dtype, device=q4.device)
-    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
-    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
-    with _device_guard(q4.device):
-        delta = _preprocess(o4, do4, prepare)
-        if prepare is not None:
-            gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare)
-            return None
-        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal)
-    return dq, dk4, dv4, {"bwd": tiles}
+def __getattr__(name: str):
+    if name in _MOVED:
+        from lmsys.kernels import flash
 
-
-def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=None, lse3=None, do4=None,
-              prepare: list | None = None):
-    """The one place that chooses between flash_gluon's kernels and the tl ones, and runs them on [Z, H, n, d]
-    inputs: ("fwd") (o4, lse, ran) or ("bwd") (dq4, dk4, dv4, ran). Gluon runs only where `policy.gluon` is
-    on and flash_gluon runs here (Hopper, its triton release); then the forward where `usable` takes the
-    inputs, strided views copied first from `policy.gluon_copy_min_keys` keys (TMA reads [rows, d] tiles:
-    the copies cost less than the Gluon forward saves only there), and the one-launch backward where
-    deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies.
-    prepare (the backward only): a list that the compiles of the kernels it would run are appended to, from
-    stand-in outputs; nothing runs (see _precompile_backward)."""
-    gluon = _gluon() if policy.gluon else None
-    n_k = k4.shape[2]
-    if direction == "fwd":
-        if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
-                and gluon.usable(q4, k4, v4, layout=False):
-            q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
-        if gluon is not None and gluon.usable(q4, k4, v4):
-            return _gluon_forward(gluon, q4, k4, v4, is_causal)
-        return _tl_forward(q4, k4, v4, is_causal, policy)
-    if gluon is not None and policy.deterministic is not True \
-            and (policy.deterministic is False or n_k >= policy.gluon_bwd_min_keys) \
-            and gluon.usable_backward(q4, k4, v4, do4, layout=False):
-        # the model's v from a split and dO from a rearrange's backward are strided: copied once, a fraction
-        # of what the one launch saves at these sizes
-        if prepare is None:
-            copies = tuple(x.contiguous() for x in (q4, k4, v4, do4))
-        else:  # what .contiguous() gives, without the copy
-            copies = tuple(x if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-                           for x in (q4, k4, v4, do4))
-        if gluon.usable_backward(*copies):
-            cq, ck, cv, cdo = copies
-            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal, prepare)
-    return _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal, policy, prepare)
-
-
-_PRECOMPILED: set = set()  # the shape classes whose backward's compiles were started
-
-
-def _precompile_backward(q4, k4, v4, is_causal: bool, policy: Policy) -> None:
-    """On the first forward of a shape class (shapes, dtype, device, causal, policy), start compiling the
-    kernels its backward will run, in the background (lmsys.kernels.precompile): _dispatch's own choice of
-    kernels and configs, from stand-ins for o, L and dO shaped as the forward makes them. Their compiles then
-    overlap the forward's own; launch_backward waits for what is still in flight. A warm call: one set
-    lookup."""
-    key = (q4.shape, k4.shape, q4.dtype, q4.device, is_causal, policy)
-    if key in _PRECOMPILED or INTERPRET or not precompile.allowed(q4.device):
-        return
-    _PRECOMPILED.add(key)
-    try:
-        Z, H, n_q, d = q4.shape
-        o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
-        lse3 = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
-        compiles: list = []
-        _dispatch("bwd", policy, is_causal, q4, k4, v4, o4=o4, lse3=lse3, do4=torch.empty_like(o4), prepare=compiles)
-    except Exception:  # noqa: BLE001 - the real backward meets the error again
-        return
-    precompile.start(compiles, q4.device)
-
-
-@functools.cache
-def _first_call() -> None:
-    """Once per process, before anything touches Triton's driver: the driver (cuda_utils, built with gcc on a
-    cold cache) starts on a background thread while this one reads or computes Triton's own hash
-    (tuning.persist_triton_key: Triton's per-process hash from disk before its first cache lookup)."""
-    building = precompile.driver_in_background()
-    tuning.persist_triton_key()
-    if building is not None:
-        try:
-            building.result()
-        except Exception:  # noqa: BLE001 - the real call meets the error again
-            pass
-
-
-def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None,
-                   precompile_backward: bool = False):
-    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32, what ran: {"fwd": tiles}). k, v may have fewer
-    heads than q (dim -3). precompile_backward: a backward will follow (see _precompile_backward)."""
-    policy = policy or default_policy()
-    if not INTERPRET:
-        _first_call()
-    _check_inputs(q, k, v)
-    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
-    if precompile_backward:
-        _precompile_backward(q4, k4, v4, bool(is_causal), policy)
-    o4, lse, ran = _dispatch("fwd", policy, bool(is_causal), q4, k4, v4)
-    return o4.view(q.shape), lse.view(q.shape[:-1]), ran
-
-
-def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
-    """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"} or {"bwd"} -> tiles), from the saved L;
-    dk, dv summed over each key/value head's group of query heads."""
-    policy = policy or default_policy()
-    if not INTERPRET:
-        _first_call()
-        precompile.wait_all()  # a background compile of these kernels, if any, is finished first
-    q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
-    Z, H, n_q, _ = q4.shape
-    lse3 = lse.reshape(Z, H, n_q)
-    if lse3.stride() != (H * n_q, n_q, 1):
-        lse3 = lse3.contiguous()
-    dq4, dk4, dv4, ran = _dispatch("bwd", policy, bool(is_causal), q4, k4, v4, o4=o4, lse3=lse3, do4=do4)
-    return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape), ran
-
-
-def flash_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o [..., n_q, d] in q's dtype, L [..., n_q] float32): launch_forward without what ran."""
-    o, lse, _ = launch_forward(q, k, v, is_causal, policy=policy)
-    return o, lse
-
-
-def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
-    """(dq, dk, dv): launch_backward without what ran."""
-    dq, dk, dv, _ = launch_backward(q, k, v, o, lse, do, is_causal, policy=policy)
-    return dq, dk, dv
-
-
-# ------------------------------------------------------------------------------ autograd.Function
-
-
-class FlashAttentionTriton(torch.autograd.Function):
-    """`FlashAttentionTriton.apply(q, k, v, is_causal=False, deterministic=None, policy=None)`:
-    q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv (or [..., n, d] alike).
-
-    deterministic: None = the policy's (default_policy(): the fastest measured backward for the shape);
-    True = the atomics-free backward (bitwise reproducible); False = the one-launch atomic backward.
-    Saves q, k, v, o and L (float32, shape q.shape[:-1]) for the backward pass, nothing else. What ran is
-    on the output's autograd node: `kernels_ran(o)`. Eager only (any policy); compiled code calls
-    `flash_attention`, the custom ops with the default policy."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, deterministic=None, policy=None):
-        policy = policy or default_policy()
-        if deterministic is not None and policy.deterministic is not bool(deterministic):
-            policy = replace(policy, deterministic=bool(deterministic))
-        o, lse, ran = launch_forward(q, k, v, bool(is_causal), policy=policy,
-                                     precompile_backward=True in ctx.needs_input_grad)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.policy, ctx.ran = bool(is_causal), policy, ran
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv, ran = launch_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy)
-        ctx.ran = {**ctx.ran, **ran}
-        return dq, dk, dv, None, None, None
-
-
-def kernels_ran(o: torch.Tensor) -> Ran:
-    """What FlashAttentionTriton.apply ran to compute `o`: {"fwd": tiles}, and once the backward ran, its
-    kernels too ("dq" and "dkdv", or "bwd" for the Gluon one launch)."""
-    ran = getattr(o.grad_fn, "ran", None)
-    if ran is None:
-        raise ValueError("kernels_ran needs the output of FlashAttentionTriton.apply on inputs that require grad")
-    return dict(ran)
-
-
-# ------------------------------------------------------------------------------------- custom ops
-# The forward and backward as torch.library custom ops (as flash-attention's interface registers its own):
-# torch.compile sees them as opaque calls with shapes from the fake implementations, so a compiled model
-# keeps one graph through its attention. They run the default policy.
-
-
-@torch.library.custom_op("lmsys::flash_fwd", mutates_args=())
-def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse, _ = launch_forward(q, k, v, is_causal)
-    return o, lse
-
-
-@_flash_fwd.register_fake
-def _flash_fwd_fake(q, k, v, is_causal):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-@torch.library.custom_op("lmsys::flash_bwd", mutates_args=())
-def _flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-               lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, _ = launch_backward(q, k, v, o, lse, do, is_causal)
-    return dq, dk, dv
-
-
-@_flash_bwd.register_fake
-def _flash_bwd_fake(do, q, k, v, o, lse, is_causal):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _flash_fwd_setup_context(ctx, inputs, output):
-    q, k, v, is_causal = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.is_causal = is_causal
-    ctx.mark_non_differentiable(lse)
-
-
-def _flash_fwd_backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, ctx.is_causal)
-    return dq, dk, dv, None
-
-
-_flash_fwd.register_autograd(_flash_fwd_backward, setup_context=_flash_fwd_setup_context)
-
-
-def flash_attention(q, k, v, is_causal: bool = False):
-    """softmax(q kᵀ/√d) v with the default policy: under torch.compile through the custom ops (no graph
-    break), eagerly through FlashAttentionTriton (the same kernels, without the ops' dispatch cost)."""
-    if torch.compiler.is_compiling():
-        return _flash_fwd(q, k, v, bool(is_causal))[0]
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+        return getattr(flash, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
