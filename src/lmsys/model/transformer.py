@@ -63,6 +63,12 @@ class TransformerBlock(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """project (x -> q, k, v) -> attend (RoPE, causal attention over the heads) -> project_out.
+
+    The tensor-parallel (lmsys.distributed.model_parallel.tensor_parallel.TPAttention) and torch-DTensor
+    (model_parallel.torch_parallel.TorchAttention) versions override the projections only: `attend` is
+    every version's, on whatever heads its projection gives it."""
+
     def __init__(self, config: ModelConfig, **kw):
         super().__init__()
         self.num_heads, self.kv_heads, self.d_head = config.num_heads, config.kv_heads, config.d_head
@@ -72,11 +78,22 @@ class CausalSelfAttention(nn.Module):
         self.output_proj = Linear(config.d_model, config.d_model, **kw)
 
     def forward(self, x, cos, sin):
+        return self.project_out(self.attend(*self.project(x), cos, sin))
+
+    def project(self, x):
+        """x [B, S, D] -> q [B, H, S, d_head], k and v [B, Hkv, S, d_head]."""
         heads = rearrange(self.qkv_proj(x), "b s (h d) -> b h s d", d=self.d_head)  # H + 2·Hkv heads
-        q, k, v = heads.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)  # [B, H or Hkv, S, d_head]
+        return heads.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)
+
+    def attend(self, q, k, v, cos, sin):
+        """RoPE on q and k, causal attention (`attn_impl`) -> [B, S, H·d_head]."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H, S, d_head]
-        return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
+        return rearrange(out, "b h s d -> b s (h d)")
+
+    def project_out(self, out):
+        """[B, S, H·d_head] -> [B, S, D]."""
+        return self.output_proj(out)
 
 
 class SwiGLU(nn.Module):

@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from lmsys.kernels.attention import attention
-from lmsys.model.transformer import TransformerLM, apply_rope
+from lmsys.model.transformer import CausalSelfAttention, TransformerLM
 
 # ------------------------------------------------------------------------------- the conjugate ops
 
@@ -172,9 +171,12 @@ def _param(full: torch.Tensor, index: torch.Tensor | None, dim: int = 0) -> nn.P
     return nn.Parameter(data.clone())
 
 
-class TPAttention(nn.Module):
+class TPAttention(CausalSelfAttention):
+    """`attn`'s heads split over the tp group (Megatron): q, k, v column-parallel (each rank its heads),
+    the output row-parallel (partial sums, reduced on the way out); the attention is CausalSelfAttention's."""
+
     def __init__(self, attn: nn.Module, tp: _TPContext, layout: dict, prefix: str):
-        super().__init__()
+        nn.Module.__init__(self)  # the projections are this rank's rows of `attn`'s, not built from a config
         self.tp, self.attn_impl, self.d_head = tp, attn.attn_impl, attn.d_head
         H, Hkv, d, r, n = attn.num_heads, attn.kv_heads, attn.d_head, tp.rank, tp.size
         self.num_heads = H // n
@@ -202,19 +204,17 @@ class TPAttention(nn.Module):
         self.output_proj = _Linear(_param(attn.output_proj.weight, cols, 1))
         layout[f"{prefix}.output_proj.weight"] = (f"{prefix}.output_proj.weight", 1, cols)
 
-    def forward(self, x, cos, sin):
+    def project(self, x):
         x = self.tp.enter(x)  # [B, S, D]
         if self.split_kv:
-            heads = rearrange(self.qkv_proj(x), "b s (h d) -> b h s d", d=self.d_head)
-            q, k, v = heads.split([self.num_heads, self.kv_heads, self.kv_heads], dim=1)
-        else:
-            q = rearrange(self.qkv_proj(x), "b s (h d) -> b h s d", d=self.d_head)
-            w = copy_to_tp(self.kv_proj.weight, self.tp.group)  # each rank's gradient is partial: sum it
-            k, v = rearrange(F.linear(x, w), "b s (h d) -> b h s d", d=self.d_head).split(self.all_kv, dim=1)
-            k, v = k[:, self.kv_head:self.kv_head + 1], v[:, self.kv_head:self.kv_head + 1]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H/tp, S, d_head]
-        return self.tp.leave(self.output_proj(rearrange(out, "b h s d -> b s (h d)")))
+            return super().project(x)  # this rank's H/tp query and Hkv/tp key/value heads
+        q = rearrange(self.qkv_proj(x), "b s (h d) -> b h s d", d=self.d_head)
+        w = copy_to_tp(self.kv_proj.weight, self.tp.group)  # each rank's gradient is partial: sum it
+        k, v = rearrange(F.linear(x, w), "b s (h d) -> b h s d", d=self.d_head).split(self.all_kv, dim=1)
+        return q, k[:, self.kv_head:self.kv_head + 1], v[:, self.kv_head:self.kv_head + 1]
+
+    def project_out(self, out):  # [B, S, H/tp·d_head] -> partial sums -> [B, S/tp or S, D]
+        return self.tp.leave(self.output_proj(out))
 
 
 class TPSwiGLU(nn.Module):

@@ -31,8 +31,7 @@ from torch import nn
 
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.model_parallel.pipeline import StepResult, partition
-from lmsys.kernels.attention import attention
-from lmsys.model.transformer import apply_rope
+from lmsys.model.transformer import CausalSelfAttention
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -47,23 +46,21 @@ def not_composable(spec, dp_strategy: str) -> Optional[str]:
     return None
 
 
-class TorchAttention(nn.Module):
-    """Causal attention with separate q/k/v `nn.Linear`s; head counts follow the (possibly sharded) outputs."""
+class TorchAttention(CausalSelfAttention):
+    """CausalSelfAttention with separate q/k/v `nn.Linear`s (what torch's ColwiseParallel shards); head counts
+    follow the (possibly sharded) outputs; the attention and the output projection are CausalSelfAttention's."""
 
     def __init__(self, attn: nn.Module):
-        super().__init__()
+        nn.Module.__init__(self)  # the projections are `attn`'s weights, split, not built from a config
         H, Hkv, d = attn.num_heads, attn.kv_heads, attn.d_head
         self.d_head, self.attn_impl = d, attn.attn_impl
         q, k, v = attn.qkv_proj.weight.detach().split([H * d, Hkv * d, Hkv * d])
         self.q_proj, self.k_proj, self.v_proj = (_linear(w) for w in (q, k, v))
         self.output_proj = _linear(attn.output_proj.weight.detach())
 
-    def forward(self, x, cos, sin):
-        q, k, v = (rearrange(proj(x), "b s (h d) -> b h s d", d=self.d_head)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, is_causal=True, impl=self.attn_impl)  # [B, H/tp, S, d_head]
-        return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
+    def project(self, x):
+        return tuple(rearrange(proj(x), "b s (h d) -> b h s d", d=self.d_head)
+                     for proj in (self.q_proj, self.k_proj, self.v_proj))
 
 
 def _linear(weight: torch.Tensor) -> nn.Linear:
