@@ -5,7 +5,10 @@
   head with the last (a min-max linear partition); the interleaved schedule splits the layers equally.
 - `PipelineModule`: what one pp rank holds (its chunks' blocks, the embedding on the first virtual stage,
   final norm + head on the last); parameter names stay the full model's (`layers.3.ffn.w1.weight`).
-  Virtual stage s = chunk·pp + rank (Megatron's interleaving: rank r holds chunks r, r+pp, ...).
+  Virtual stage s = chunk·pp + rank (Megatron's interleaving: rank r holds chunks r, r+pp, ...). The one
+  stage module of both pipelines: `run_schedule` calls `chunk_forward` (the last chunk returns the loss),
+  torch.distributed.pipelining calls `forward` on a module of one chunk (the last returns the logits;
+  the loss is the schedule's), as model_parallel.torch_parallel builds them.
 - `schedule(kind, pp=, rank=, microbatches=, virtual_stages=)`: this rank's list of ("F"|"B", chunk,
   microbatch). gpipe: every forward, then every backward. 1f1b: pp-rank-1 warm-up forwards, then one
   forward one backward, then the cool-down backwards. interleaved-1f1b: Megatron's order (microbatches
@@ -83,9 +86,11 @@ def partition(config, chunks: int, *, tokens: int, equal: bool = False) -> list[
 
 
 class PipelineModule(nn.Module):
-    """One pp rank's share of a TransformerLM (possibly tensor-parallel already); `chunk_forward(c, x)`."""
+    """One pp rank's share of a TransformerLM (possibly tensor-parallel already); `chunk_forward(c, x)`.
+    `first` / `last`: it holds the first / last virtual stage (its chunk 0 embeds, its last chunk ends in
+    the head). `loss_fn(module, hidden, targets)`: what the last chunk returns; None: the logits."""
 
-    def __init__(self, model, chunks: list[list[int]], *, first: bool, last: bool, loss_fn):
+    def __init__(self, model, chunks: list[list[int]], *, first: bool, last: bool, loss_fn=None):
         super().__init__()
         self.config = model.config
         self.chunks = chunks
@@ -101,6 +106,12 @@ class PipelineModule(nn.Module):
         self.tp_layout = {k: v for k, v in getattr(model, "tp_layout", {}).items() if k in names}
         self._loss_fn = loss_fn
         self.before_forward = None  # called before each chunk's forward (FSDP installs its root unit)
+        self.seq_len = model.config.context_length  # of what `forward` receives past the first stage
+
+    def forward(self, x):
+        """torch.distributed.pipelining's call, on a module of one chunk: token ids [b, S] (first stage) or
+        activations [b, S or S/tp, D] in; activations or (last stage, no loss_fn) logits out."""
+        return self.chunk_forward(0, x, x.shape[1] if self.token_embeddings is not None else self.seq_len)
 
     def chunk_forward(self, c: int, x: torch.Tensor, seq_len: int, targets=None) -> torch.Tensor:
         """Chunk c: token ids (first virtual stage) or activations in; activations or the loss out."""
@@ -112,7 +123,8 @@ class PipelineModule(nn.Module):
         for i in self.chunks[c]:
             x = self.layers[str(i)](x, cos, sin)
         if c == len(self.chunks) - 1 and self.last:
-            return self._loss_fn(self, self.ln_final(x), targets)
+            h = self.ln_final(x)
+            return self.lm_head(h) if self._loss_fn is None else self._loss_fn(self, h, targets)
         return x
 
 

@@ -11,7 +11,8 @@ The order is torchtitan's (`parallelize_llama`): pipeline split -> DTensor tenso
   or a replicated output (under pipelining, whose loss_fn sees plain tensors). With sequence parallelism:
   the norms `SequenceParallel`, `PrepareModuleInput` all-gathers before attention and the SwiGLU, the
   row-parallel outputs reduce-scatter to sequence shards.
-- PP: `PipelineStage` per chunk (virtual stage s = chunk·pp + rank) and `ScheduleGPipe`, `Schedule1F1B`,
+- PP: `PipelineStage` per chunk (virtual stage s = chunk·pp + rank; lmsys's `PipelineModule` of that one
+  chunk, the stage module lmsys's pipeline runs too) and `ScheduleGPipe`, `Schedule1F1B`,
   `ScheduleInterleaved1F1B` with the loss averaged over microbatches (scale_grads).
 - DP: `fully_shard` per block then the root on the dp sub-mesh (torch-fsdp, or fsdp for these rows), or
   `DistributedDataParallel` on the dp group (torch-ddp, bucketed).
@@ -30,7 +31,7 @@ from einops import rearrange
 from torch import nn
 
 from lmsys.distributed.mesh import Mesh
-from lmsys.distributed.model_parallel.pipeline import StepResult, partition
+from lmsys.distributed.model_parallel.pipeline import PipelineModule, StepResult, partition
 from lmsys.model.transformer import CausalSelfAttention
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
@@ -89,33 +90,10 @@ def full_name(name: str) -> tuple[str, Optional[int]]:
     return name, None
 
 
-class StageModule(nn.Module):
-    """One pipeline chunk of the torch model: parameter names stay the full model's."""
-
-    def __init__(self, model, layers: list[int], *, first: bool, last: bool):
-        super().__init__()
-        self.token_embeddings = model.token_embeddings if first else None
-        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
-        self.ln_final = model.ln_final if last else None
-        self.lm_head = model.lm_head if last else None
-        self.register_buffer("rope_cos", model.rope_cos, persistent=False)
-        self.register_buffer("rope_sin", model.rope_sin, persistent=False)
-
-    def forward(self, x):  # token ids [b, S] or activations [b, S(/tp), D] -> activations or logits
-        if self.token_embeddings is not None:
-            seq_len = x.shape[1]
-            x = self.token_embeddings(x)
-        else:
-            seq_len = self.seq_len
-        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
-        for layer in self.layers.values():
-            x = layer(x, cos, sin)
-        if self.lm_head is not None:
-            return self.lm_head(self.ln_final(x))
-        return x
+StageModule = PipelineModule  # one stage module for both pipelines (issue 40): a torch stage is one chunk
 
 
-def apply_torch_tp(stage: StageModule, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
+def apply_torch_tp(stage: PipelineModule, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
     """torchtitan's TP plan on one stage (see the module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -161,10 +139,9 @@ class TorchParallelModel:
         V = virtual_stages if pp_schedule == "interleaved-1f1b" else 1
         rank = mesh.coord("pp")
         chunks = partition(config, pp * V, tokens=config.context_length, equal=V > 1)
-        self.stages = [StageModule(model, chunks[c * pp + rank], first=c * pp + rank == 0,
-                                   last=c * pp + rank == pp * V - 1) for c in range(V)]
+        self.stages = [PipelineModule(model, [chunks[c * pp + rank]], first=c * pp + rank == 0,
+                                      last=c * pp + rank == pp * V - 1) for c in range(V)]
         for s in self.stages:
-            s.seq_len = config.context_length
             if tp > 1:
                 apply_torch_tp(s, mesh.sub("tp"), sequence_parallel=self.sp, loss_parallel=self.loss_parallel)
         self.modules = list(self.stages)  # what runs: the stages, or their DDP wrappers
