@@ -11,13 +11,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from lmsys.core import progress
 from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
-from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig
 from lmsys.train import MODES
@@ -326,29 +324,24 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
 
 
 def timed_steps(step, inputs, targets, *, mode: str, warmup: int, steps: int, device):
-    """`warmup` untimed then `steps` timed steps of `mode` on one batch: (the RegionTimer, the peak memory
-    after the forward and over the step, the last loss). Nothing synchronises inside or between steps."""
+    """`warmup` untimed then `steps` timed steps of `mode` on one batch (lmsys.train.loop's timed_loop):
+    (the RegionTimer, the peak memory after the forward and over the step, the last loss). Nothing
+    synchronises inside or between steps; the peaks are the timed steps' (each resets it first)."""
     from lmsys.core.devices import peak_memory, reset_peak_memory
-    from lmsys.train.step import run_step
+    from lmsys.train.loop import timed_loop
 
-    progress.plan_steps(warmup + steps, f"{mode} steps")
-    for _ in range(warmup):
-        run_step(step, inputs, targets, mode=mode)
-        progress.step()
-    synchronize(device)
-    timer = RegionTimer(device)
     peaks = {"fwd": None, "step": None}
 
     def record(key):
         peaks[key] = _max(peaks[key], peak_memory(device))
 
-    last_loss = None
-    for _ in range(steps):
-        last_loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region,
-                             before=lambda: reset_peak_memory(device), after_forward=lambda: record("fwd"))
-        record("step")
-        progress.step()
-    return timer, peaks, last_loss
+    timed = dict(before=lambda: reset_peak_memory(device), after_forward=lambda: record("fwd"))
+    losses: list = []
+    timer = timed_loop(step, [(inputs, targets)] * (warmup + steps), warmup=warmup, device=device, mode=mode,
+                       hooks=lambda i: timed if i >= warmup else {},
+                       after_step=lambda i: record("step") if i >= warmup else None, losses=losses,
+                       label=f"{mode} steps")
+    return timer, peaks, losses[-1] if steps else None
 
 
 def _add_speedups(group: list[dict], references: list[dict]) -> None:

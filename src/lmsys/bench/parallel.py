@@ -28,7 +28,6 @@ from lmsys.core import progress
 from lmsys.core.devices import environment, free_memory, peak_memory, reset_peak_memory, torch_dtype
 from lmsys.core.parsing import MiB
 from lmsys.core.results import NOT_MEASURED
-from lmsys.core.timing import RegionTimer, synchronize
 from lmsys.distributed.launch import RankContext, barrier
 from lmsys.distributed.mesh import build_mesh, parse_mesh
 from lmsys.distributed.model_parallel.pipeline import ideal_bubble
@@ -36,8 +35,9 @@ from lmsys.model import describe
 from lmsys.model.config import get_config
 from lmsys.train import build_model
 from lmsys.train.data import BatchSource, to_device
-from lmsys.train.loop import mfu_percent, train_one_process
+from lmsys.train.loop import mfu_percent, timed_loop, train_one_process
 from lmsys.train.optim import DDP_TRAIN_LR, default_kind, make_optimizer
+from lmsys.train.step import ParallelStep
 
 ROW_KEYS = ("impl", "mesh", "dp strategy", "schedule", "ms/step", "tokens/s", "MFU %", "peak MiB/rank",
             "params/rank", "comm ms (tp)", "comm ms (pp)", "comm ms (dp)", "bubble %", "ideal bubble %",
@@ -241,29 +241,18 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
 
 
 def timed_steps(pm, optimizer, batches, *, warmup: int, microbatches: int, autocast, device):
-    """Train on `batches` (on the device already), timing every step from `warmup` on as bench e2e times
-    its own: the one timer (CUDA events on a GPU), nothing synchronised inside or between steps, the
-    gradients cleared (set to None) before each step. The activations are counted on the first step only
-    (a hook per saved tensor; a warm-up step unless --warmup 0). Returns (a RegionTimer per timed step,
-    the loss tensors of every step, the activation bytes of the first)."""
-    timers, losses, act = [], [], None
-    progress.plan_steps(len(batches))
-    for i, (inputs, targets) in enumerate(batches):
-        optimizer.zero_grad(set_to_none=True)
-        if i == warmup:
-            synchronize(device)
-        timer = RegionTimer(device)
-        with timer.region("step"):
-            res = pm.train_step(inputs, targets, microbatches=microbatches, autocast=autocast, device=device,
-                                timer=timer, measure_activations=i == 0)
-            optimizer.step()
-        losses.append(res.loss)
-        progress.step()
-        if i == 0:
-            act = res.peak_activation_bytes
-        if i >= warmup:
-            timers.append(timer)
-    return timers, losses, act
+    """Train on `batches` (on the device already) with bench e2e's loop (lmsys.train.loop's timed_loop):
+    `pm`'s ParallelStep, every step from `warmup` on timed in the one timer (CUDA events on a GPU),
+    nothing synchronised inside or between steps, the gradients cleared (set to None) before each step.
+    The region "step" holds the forward-backward and the optimizer; the model's own (compute, tp, pp, dp)
+    go to the same timer. The activations are counted on the first step only (a hook per saved tensor; a
+    warm-up step unless --warmup 0). Returns (a RegionTimer per timed step, the loss tensors of every
+    step, the activation bytes of the first)."""
+    step = ParallelStep(pm, optimizer, microbatches=microbatches, autocast=autocast, device=device)
+    losses: list = []
+    timers = timed_loop(step, batches, warmup=warmup, device=device, names={"step": "step"}, timer_per_step=True,
+                        losses=losses)
+    return timers, losses, step.activation_bytes
 
 
 def _comm_cell(facts: list[dict], dim: str, spec, *, measured: bool):

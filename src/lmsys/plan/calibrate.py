@@ -448,8 +448,9 @@ def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int, 
     the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the ops
     those blocks dispatch (and, checkpointed, by the ops recomputation adds). `blocks`: other block counts
     (scripts/plan_breakdown.py's twin at the model's depth); recompute=False: the plain twins only (the
-    recomputed op's cost None)."""
-    from lmsys.train.step import run_step
+    recomputed op's cost None). Each twin's step is timed by lmsys.train.loop's timed_loop, as bench e2e's
+    is: its "step" region (forward and backward; the gradients are cleared before it, outside)."""
+    from lmsys.train.loop import timed_loop
 
     few, many = blocks
     if not 1 <= few < many:
@@ -464,8 +465,9 @@ def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int, 
             step, inputs, targets = _tiny_step(m, layers=layers, checkpoint=checkpoint, device=device, dtype=dtype,
                                                width=width)
             # no optimizer: its device time would grow with the blocks too
-            ms[checkpoint, layers] = time_fn(lambda: run_step(step, inputs, targets, mode="fwd-bwd"),
-                                             warmup=max(warmup, 3), steps=max(steps, 20), device=device).median
+            w, n = max(warmup, 3), max(steps, 20)
+            timer = timed_loop(step, [(inputs, targets)] * (w + n), warmup=w, device=device, mode="fwd-bwd")
+            ms[checkpoint, layers] = timer.stats()["step"].median
     extra = {c: ms[c, many] - ms[c, few] for c in policies}
     us = max(extra["none"] * 1e3 / ((many - few) * (ops["fwd_layer"] + ops["bwd_layer"])), 0.1)
     us_again = max((extra["block"] - extra["none"]) * 1e3 / ((many - few) * ops["recompute_layer"]), 0.1) \

@@ -1,8 +1,14 @@
-"""The timed training loop of the multi-process runs (`ddp train`, `parallel train`), the one-process run
-both hold their rows against, and what their rows say of a step time (MFU).
+"""The one timed training loop, the one-process run the multi-process rows are held against, and what
+their rows say of a step time (MFU).
 
-- `train_loop` runs `run_step` over a list of batches already on the device, each step's parts inside the
-  one timer's regions from `warmup` on; nothing synchronises inside or between steps.
+- `timed_loop(step, batches, warmup=, ...)`: `run_step` over batches already on the device, the first
+  `warmup` untimed; the device synchronised once, before the first timed step, never inside or between
+  steps; each timed step's parts in the one timer's regions (CUDA events on a GPU). `bench e2e`
+  (`timed_steps`: one batch, the peak memory after the forward and over the step), `ddp train`
+  (`train_loop`: the wrapper's hooks, the comm wait), `parallel train` (a ParallelStep, a timer per step
+  for its per-step comm sums) and `plan calibrate` (the host twins) all run it.
+- `train_loop`: `ddp train`'s and the one-process run's loop (a DDP wrapper's batch-start hook and
+  gradient sync after backward, the first step's gradients kept).
 - `train_one_process`: the model built from the seed, trained by `train_loop` in this process (the
   runners' 1-process rows and their parity references), kept on the host as asked.
 """
@@ -10,7 +16,7 @@ both hold their rows against, and what their rows say of a step time (MFU).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -23,33 +29,60 @@ from lmsys.train.optim import DDP_TRAIN_LR, make_optimizer, optimizer_state_byte
 from lmsys.train.step import TIMER_NAMES, TrainStep, no_range, run_step
 
 
+def timed_loop(step, batches, *, warmup: int, device, mode: str = "train", names: Mapping[str, str] = TIMER_NAMES,
+               hooks: Optional[Callable[[int], dict]] = None, after_step: Optional[Callable[[int], None]] = None,
+               timer_per_step: bool = False, losses: Optional[list] = None, label: str = "steps"):
+    """`run_step(step, ...)` of `mode` on each (inputs, targets) of `batches` (on the device already; the
+    same pair again and again for a benchmark of one batch). Steps before `warmup` run outside any range;
+    the device is synchronised once before the first timed step (so what the warm-up queued is not
+    timed); from there each step's parts go to a RegionTimer's regions under `names`, nothing
+    synchronises. `hooks(i)`: step i's run_step hooks (before, after_forward, after_backward);
+    `after_step(i)`: runs after step i. `losses`: each step's detached loss is appended (on the device).
+    Returns the RegionTimer of the timed steps, or with `timer_per_step` a list of one per timed step
+    (a row that sums a step's regions, as parallel train's comm columns do)."""
+    timer, timers = RegionTimer(device), []
+    progress.plan_steps(len(batches), label)
+    for i, (inputs, targets) in enumerate(batches):
+        if i == warmup:
+            synchronize(device)
+        if timer_per_step and i >= warmup:
+            timer = RegionTimer(device)
+            timers.append(timer)
+        loss = run_step(step, inputs, targets, mode=mode, range_fn=timer.region if i >= warmup else no_range,
+                        names=names, **(hooks(i) if hooks is not None else {}))
+        if after_step is not None:
+            after_step(i)
+        if losses is not None:
+            losses.append(loss)
+        progress.step()
+    return timers if timer_per_step else timer
+
+
 def train_loop(model, optimizer, batches, *, device, dtype: str, warmup: int, before=None, after_backward=None,
                on_first_grads=None, tracker=None, losses: Optional[list] = None) -> RegionTimer:
-    """warmup + timed steps; regions: step (forward, backward, comm wait, optimizer). `before` and
-    `after_backward` default to the model's on_train_batch_start / finish_gradient_synchronization;
+    """`timed_loop` of a TrainStep of `model`: warmup + timed steps; regions: step (forward, backward, comm
+    wait, optimizer). `before` and `after_backward` default to the model's on_train_batch_start /
+    finish_gradient_synchronization;
     `on_first_grads()` runs once, after the first step's backward and gradient synchronisation. With
     `tracker` (a PhaseTracker), the gradient sync after backward enters its `comm` phase. `losses`: each
     step's detached loss is appended (on the device: nothing synchronises)."""
     step = TrainStep(model, optimizer, device=device, dtype=dtype)
-    timer = RegionTimer(device)
-    names = {**TIMER_NAMES, "after_backward": "comm wait"}
     before = before or getattr(model, "on_train_batch_start", None)
     after_backward = after_backward or getattr(model, "finish_gradient_synchronization", None)
     if after_backward is not None and tracker is not None:
         after_backward = tracker.in_phase("comm", after_backward)
-    progress.plan_steps(len(batches))
-    for i, (inputs, targets) in enumerate(batches):
-        after = after_backward
-        if i == 0 and on_first_grads is not None:
-            def after():
-                if after_backward is not None:
-                    after_backward()
-                on_first_grads()
-        loss = run_step(step, inputs, targets, range_fn=timer.region if i >= warmup else no_range, names=names,
-                        before=before, after_backward=after)
-        if losses is not None:
-            losses.append(loss)
-        progress.step()
+
+    def first_sync():  # step 1's: the gradient sync, then the gradients are kept
+        if after_backward is not None:
+            after_backward()
+        on_first_grads()
+
+    def hooks(i):
+        first = i == 0 and on_first_grads is not None
+        return dict(before=before, after_backward=first_sync if first else after_backward)
+
+    names = {**TIMER_NAMES, "after_backward": "comm wait"}
+    timer = timed_loop(step, batches, warmup=warmup, device=device, names=names, hooks=hooks, losses=losses)
     synchronize(device)
     return timer
 
