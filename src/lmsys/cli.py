@@ -50,8 +50,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     error: one line plus a hint), decided before any work. 1: the run failed (a crash: one line; a failed
     row: said under the table). 0: otherwise. LMSYS_DEBUG=1 adds the traceback and keeps the code.
     SIGINT / SIGTERM stop the work (child processes included), print `interrupted` and exit 130 / 143;
-    a closed stdout (`lmsys ... | head -1`) ends quietly by SIGPIPE, as the shell's own tools do."""
+    a closed stdout (`lmsys ... | head -1`) ends quietly by SIGPIPE, as the shell's own tools do. The user's
+    code (--model, --impl, ...) that calls sys.exit, whatever its code, or crashes is a failed run: one line
+    naming the option that supplied it, exit 1."""
+    from lmsys.core.imports import describe_user_failure, forget_user_code
+
     debug = os.environ.get("LMSYS_DEBUG") == "1"
+    forget_user_code()
     restore = _install_sigterm_handler()
     stdout = sys.stdout
     sys.stdout = _PipeGuard(stdout)
@@ -68,6 +73,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         code = 2
     except StdoutClosed:
         code = -1
+    except SystemExit as exc:  # only the user's code calls sys.exit inside a command (Click returns its codes)
+        line = describe_user_failure(exc)
+        if line is None:
+            raise
+        _say_error(line, "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+        code = 1
     except (KeyboardInterrupt, Interrupted) as exc:
         sys.stdout = stdout
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -79,7 +90,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             _say_error("aborted", None, debug=debug)
             code = 1
         else:
-            _say_error(_describe_crash(exc), "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+            _say_error(describe_user_failure(exc) or _describe_crash(exc), "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
             code = 1
     finally:
         sys.stdout = stdout

@@ -78,18 +78,18 @@ def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, de
 
 
 def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
-    """Render one Report or a list of them; with --output, say where the file went. A row whose status
-    is an error (not an OOM or `unsupported`: those are results) makes the run a failure: one line after
-    the table, exit 1."""
-    from lmsys.core.results import Report, render
+    """Render one Report or a list of them; with --output, say where the file went. Then the rows decide
+    the exit code (`lmsys.core.results.outcome`): a row whose status is an error or a non-finite loss
+    makes the run a failure, and so does a run where every row ran out of memory (an OOM row beside rows
+    that ran is a result, as the seed's tables have OOM cells): one line after the table, exit 1."""
+    from lmsys.core.results import outcome, render
 
     render(reports, fmt, output)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
-    rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
-    failed = [row for row in rows if str(row.get("status", "")).startswith("error")]
-    if failed:
-        typer.echo(f"error: {len(failed)} of {len(rows)} rows failed; the status column says why", err=True)
+    failure = outcome(reports)
+    if failure:
+        typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(1)
 
 

@@ -229,6 +229,23 @@ def print_rich(report: Report, file=None) -> None:
         console.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
+NON_FINITE_LOSS = "non-finite loss"  # a row's status when its loss is NaN or infinite: a failed row
+
+
+def outcome(reports: Report | list[Report]) -> str | None:
+    """What makes a run with these rows a failure (exit 1), in one line, or None: rows whose status is an
+    error or a non-finite loss; or every row out of memory (an OOM row beside rows that ran is a result:
+    the largest sizes of a sweep are expected not to fit)."""
+    rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
+    statuses = [str(row.get("status", "")) for row in rows]
+    failed = [s for s in statuses if s.startswith("error") or s == NON_FINITE_LOSS]
+    if failed:
+        return f"{len(failed)} of {len(rows)} rows failed; the status column says why"
+    if rows and all(s.startswith("OOM") for s in statuses):
+        return "every row ran out of memory"
+    return None
+
+
 _RENDERERS = {"md": to_markdown, "csv": to_csv, "json": to_json}
 
 

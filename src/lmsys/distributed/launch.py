@@ -528,15 +528,20 @@ def worker_main(argv: list[str]) -> None:
     try:
         result = run_in_group(spec["target"], spec["kwargs"], backend=spec["backend"])
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the worker exits
-        record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
+        from lmsys.core.imports import describe_user_failure
+
+        yours = describe_user_failure(exc)  # the user's code failed, or called sys.exit: one line naming it
+        record = {"rank": rank, "type": type(exc).__name__, "message": yours or str(exc), "time": time.time(),
                   "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None),
-                  "one_line": isinstance(exc, RankError)}
+                  "one_line": isinstance(exc, RankError) or yours is not None}
         consequence = _reported_elsewhere(spec, rank)
         write_atomic(f"{spec['result']}.rank{rank}.error", json.dumps(record))
         if isinstance(exc, LmsysError):
             print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
         elif isinstance(exc, RankError):
             print(f"[rank {rank}] {exc}", file=sys.stderr)
+        elif yours is not None and not consequence:
+            print(f"[rank {rank}] error: {yours}", file=sys.stderr)
         elif consequence:
             print(f"[rank {rank}] stopped after another rank's failure: {type(exc).__name__}", file=sys.stderr)
         else:
