@@ -45,6 +45,27 @@ def root(
     """lmsys: one CLI for the systems side of training Transformer language models."""
 
 
+def command():
+    """The Click command of `app`, with every help text (commands' and options') shown as written: Typer reads
+    help as Rich markup, where `[batch, seq, d]` is a tag and vanished ("your attention, )"). Help is
+    escaped here, in one place, so that no help string has to know about markup."""
+    from rich.markup import escape
+    from typer.main import get_command
+
+    root = get_command(app)
+    todo = [root]
+    while todo:
+        cmd = todo.pop()
+        for attr in ("help", "short_help"):
+            if getattr(cmd, attr, None):
+                setattr(cmd, attr, escape(getattr(cmd, attr)))
+        for param in getattr(cmd, "params", []):
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
+        todo.extend(getattr(cmd, "commands", {}).values())
+    return root
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point; the exit code means one thing. 2: the user's input is wrong (LmsysError, a Click usage
     error: one line plus a hint), decided before any work. 1: the run failed (a crash: one line; a failed
@@ -66,7 +87,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
         check_repeated_options(app, args)  # its message quotes the line as typed: not rewritten below
         spelled = given_spellings(app, args)
-        rv = app(args=args, prog_name="lmsys", standalone_mode=False)
+        rv = command().main(args=args, prog_name="lmsys", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except LmsysError as exc:
         _say_error(as_given(exc.message, spelled), as_given(exc.hint, spelled), debug=debug)
