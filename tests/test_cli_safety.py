@@ -4,6 +4,7 @@ code, a one-line message, and nothing changed at the path or in the temp directo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def test_output_fifo_is_written_to_and_stays_a_fifo(tmp_path):
     with open(fifo) as reader:
         text = reader.read()
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
-    assert text.startswith("# device: cpu") and fifo.is_fifo()
+    assert text.startswith("table,autocast,tensor,dtype") and fifo.is_fifo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
@@ -327,7 +328,11 @@ def test_the_main_job_and_flash_check_run_without_triton():
     r = without_triton("bench", "e2e", "--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0",
                        "--context-length", "16", "--format", "csv")
     assert r.returncode == 0, r.stderr
-    assert "# triton: not installed" in r.stdout and r.stdout.rstrip().endswith(",ok")
+    assert r.stdout.startswith("size,") and r.stdout.rstrip().endswith(",ok")
+    r = without_triton("bench", "e2e", "--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0",
+                       "--context-length", "16", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["meta"]["triton"] == "not installed"
     r = without_triton("flash", "check", "--device", "cpu", "--cases", "2", "--format", "csv", interpret=True)
     assert r.returncode == 0, r.stderr
     assert "impl flash-torch" in r.stdout and r.stdout.count(",pass") == 2
@@ -553,7 +558,7 @@ def test_bare_loop_and_single_process_say_what_they_are_and_the_old_names_stay(l
     assert get_command(app)  # the app builds with the hidden options
 
 
-@pytest.mark.parametrize("suffix,start", [(".json", "[\n  {\n    \"title\": \"autocast"), (".csv", "# device"), (".md", "### autocast")])
+@pytest.mark.parametrize("suffix,start", [(".json", "[\n  {\n    \"title\": \"autocast"), (".csv", "table,autocast,"), (".md", "### autocast")])
 def test_format_is_inferred_from_the_output_extension(lmsys, tmp_path, suffix, start):
     out = tmp_path / f"r{suffix}"
     r = lmsys(*PRECISION, "-o", str(out))

@@ -33,9 +33,10 @@ def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: 
     progress.set_quiet(quiet)
     from lmsys.core.parsing import choose
     from lmsys.core.files import check_output_path
-    from lmsys.core.results import check_format
+    from lmsys.core.results import check_format, check_format_for_output
 
     check_format(fmt)
+    check_format_for_output(fmt, output)
     if device is not None and not device.startswith("cuda:"):
         choose(device, DEVICE_CHOICES, what="--device")
     if dtype is not None:

@@ -1,0 +1,152 @@
+"""Issue 44: every outcome said plainly. One test (or more) per row of its table: the exit code, the number of
+lines and the message, and for the checks made before the work, that nothing ran."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from test_cli_safety import one_line
+
+FIXTURE = str(Path(__file__).resolve().parent / "fixtures" / "outcomes" / "exits.py")
+E2E = ("bench", "e2e", "--size", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--context-length", "16",
+       "--batch-size", "1")
+
+
+def failed_run(result) -> str:
+    """The one `error:` line of a failed run (exit 1), no traceback."""
+    return one_line(result, code=1)
+
+
+# ------------------------------------------------------------------------------------ user code's sys.exit
+
+
+@pytest.mark.parametrize("fn,code", [("exit0", "0"), ("exit7", "7")])
+def test_user_attention_calling_sys_exit_is_one_line_exit_1(lmsys, fn, code):
+    r = lmsys(*E2E, "--impl", f"{FIXTURE}:{fn}")
+    assert failed_run(r) == f"error: your code (--impl {FIXTURE}:{fn}) called sys.exit({code})"
+    assert r.out == ""
+
+
+def test_user_model_calling_sys_exit_in_its_forward_is_one_line_exit_1(lmsys):
+    r = lmsys(*E2E, "--model", f"{FIXTURE}:ExitModel")
+    assert failed_run(r) == f"error: your code (--model {FIXTURE}:ExitModel) called sys.exit(0)"
+
+
+def test_profile_torch_engine_with_a_model_calling_sys_exit(lmsys, tmp_path):
+    r = lmsys("profile", "nsys", "--engine", "torch", "--device", "cpu", "--size", "tiny", "--context-length", "16",
+              "--batch-size", "1", "--warmup", "0", "--steps", "1", "--model", f"{FIXTURE}:ExitModel",
+              "--out-dir", str(tmp_path / "prof"))
+    assert failed_run(r) == f"error: your code (--model {FIXTURE}:ExitModel) called sys.exit(0)"
+
+
+def test_a_rank_whose_user_code_calls_sys_exit_is_one_line_exit_1(lmsys):
+    r = lmsys("ddp", "train", "--strategy", "naive", "--no-single-process", "--world-size", "2", "--size", "tiny",
+              "--context-length", "16", "--batch-size", "1", "--steps", "1", "--warmup", "0",
+              "--model", f"{FIXTURE}:ExitModel")
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("error:")]
+    assert r.code == 1 and "Traceback" not in r.err, r.err
+    assert lines == [f"error: your code (--model {FIXTURE}:ExitModel) called sys.exit(0)"], r.err
+
+
+def test_a_user_model_failing_inside_the_run_is_named_by_its_option(lmsys):
+    r = lmsys(*E2E, "--model", f"{FIXTURE}:SmallVocab")
+    line = failed_run(r)
+    assert line.startswith(f"error: --model {FIXTURE}:SmallVocab: IndexError: Target ") and "out of bounds" in line
+
+
+def test_a_command_after_user_code_forgets_it(lmsys):
+    """Tests run many commands in one process: the next command's crash is not blamed on the last one's code."""
+    from lmsys.core import imports
+
+    lmsys(*E2E, "--impl", f"{FIXTURE}:exit0")
+    lmsys("list", "models", "-f", "csv")
+    assert imports._USER_CODE == {}
+
+
+# ------------------------------------------------------------------------------------------ rows decide
+
+
+def test_every_row_out_of_memory_is_exit_1_after_the_table(lmsys):
+    r = lmsys("bench", "attention", "--batch-size", "100000", "--heads", "1000", "--seq-len", "100000",
+              "--d-head", "128", "--impl", "naive", "--device", "cpu", "-f", "csv")
+    assert failed_run(r) == "error: every row ran out of memory"
+    rows = list(csv.DictReader(io.StringIO(r.out)))
+    assert [row["status"] for row in rows] == ["OOM"]
+
+
+def test_oom_rows_beside_rows_that_ran_are_results():
+    from lmsys.core.results import Report, outcome
+
+    assert outcome(Report("t", [{"status": "OOM"}, {"status": "ok"}])) is None
+    assert outcome([Report("t", [{"status": "OOM"}]), Report("u", [{"status": "OOM (caught)"}])]) \
+        == "every row ran out of memory"
+    assert outcome(Report("t", [{"status": "unsupported"}, {"status": "OOM"}])) is None
+    assert outcome(Report("t", [])) is None
+
+
+def test_a_nan_loss_is_status_non_finite_loss_and_exit_1(lmsys):
+    r = lmsys(*E2E, "--model", f"{FIXTURE}:NaNModel", "-f", "csv")
+    assert failed_run(r) == "error: 1 of 1 rows failed; the status column says why"
+    rows = list(csv.DictReader(io.StringIO(r.out)))
+    assert [row["status"] for row in rows] == ["non-finite loss"] and rows[0]["loss"] == ""
+
+
+# ----------------------------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize("command,text", [
+    (("bench", "e2e"), "(your attention, [batch, seq, d])"),
+    (("bench", "attention"), "(your attention on [batch, seq, d]: heads"),
+    (("flash", "check"), "on [batch, seq, d])"),
+])
+def test_help_shows_the_text_in_square_brackets(lmsys, monkeypatch, command, text):
+    monkeypatch.setenv("COLUMNS", "400")
+    r = lmsys(*command, "--help")
+    assert r.code == 0
+    assert text in " ".join(r.out.replace("│", " ").split())
+
+
+# ------------------------------------------------------------------------------------------------ CSV
+
+
+def test_csv_is_plain_with_the_header_first_and_metadata_in_json(lmsys):
+    r = lmsys(*E2E, "-f", "csv")
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("size,mode,params,")
+    rows = list(csv.reader(io.StringIO(r.out)))
+    assert len(rows) == 2 and len(rows[0]) == len(rows[1])  # every line a row of the same width
+    assert rows[1][rows[0].index("status")] == "ok"
+    doc = json.loads(lmsys(*E2E, "-f", "json").out)
+    assert doc["meta"]["device"].startswith("cpu") and doc["rows"][0]["status"] == "ok"
+
+
+def test_several_reports_are_one_csv_table_with_a_table_column(lmsys):
+    r = lmsys("precision", "--device", "cpu", "--steps", "10", "-f", "csv")
+    assert r.code == 0, r.err
+    rows = list(csv.DictReader(io.StringIO(r.out)))
+    tables = list(dict.fromkeys(row["table"] for row in rows))
+    assert len(tables) == 2 and tables[0].startswith("autocast") and tables[1].startswith("accumulating 0.01")
+    assert all(row["accumulation"] for row in rows if row["table"] == tables[1])
+
+
+@pytest.mark.parametrize("fmt,name", [("csv", "out.json"), ("json", "out.csv"), ("md", "out.json")])
+def test_a_format_the_extension_contradicts_is_one_line_before_the_run(lmsys, monkeypatch, tmp_path, fmt, name):
+    import lmsys.commands.precision as cmd
+
+    monkeypatch.setattr(cmd, "check_counts", lambda **_: pytest.fail("ran past the format check"))
+    line = one_line(lmsys("precision", "--device", "cpu", "-f", fmt, "-o", str(tmp_path / name)))
+    assert line == f"error: -f {fmt} and -o {tmp_path / name} disagree: a .{name.split('.')[1]} file holds " \
+                   f"{name.split('.')[1]}"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt,name", [("csv", "out.txt"), ("json", "out"), ("table", "out.json")])
+def test_an_extension_that_names_no_format_takes_the_format_given(lmsys, tmp_path, fmt, name):
+    r = lmsys("precision", "--device", "cpu", "--steps", "10", "-f", fmt, "-o", str(tmp_path / name))
+    assert r.code == 0, r.err
+    assert (tmp_path / name).read_text()[:1] == {"csv": "t", "json": "[", "table": "["}[fmt]
