@@ -150,3 +150,102 @@ def test_an_extension_that_names_no_format_takes_the_format_given(lmsys, tmp_pat
     r = lmsys("precision", "--device", "cpu", "--steps", "10", "-f", fmt, "-o", str(tmp_path / name))
     assert r.code == 0, r.err
     assert (tmp_path / name).read_text()[:1] == {"csv": "t", "json": "[", "table": "["}[fmt]
+
+
+# ------------------------------------------------------------------------- files checked before the run
+
+
+def _immutable(path: Path):
+    """chattr +i (root on ext4 and most disk file systems): not even root can write there. Skips elsewhere."""
+    import subprocess
+
+    r = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"chattr +i is not available here: {r.stderr.decode().strip()}")
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    release = _immutable(folder)
+    yield folder
+    release()
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A 1 MiB tmpfs filled to the last block (root may mount one; skips elsewhere)."""
+    import subprocess
+
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with open(folder / "filler", "wb") as f:
+            try:
+                f.write(bytes(2 * 2**20))
+                f.flush()
+            except OSError:
+                pass
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+PROFILE_TORCH = ("profile", "nsys", "--engine", "torch", "--device", "cpu", "--size", "tiny", "--context-length", "16",
+                 "--batch-size", "1", "--warmup", "0", "--steps", "1")
+
+
+def _no_profile(monkeypatch):
+    from lmsys.profiling import memory, report
+
+    monkeypatch.setattr(report, "profile_step", lambda *a, **k: pytest.fail("the profile ran"))
+    monkeypatch.setattr(memory, "sweep_contexts", lambda *a, **k: pytest.fail("the profile ran"))
+
+
+def test_profile_torch_out_dir_read_only_is_one_line_before_the_run(lmsys, monkeypatch, read_only_dir):
+    _no_profile(monkeypatch)
+    line = one_line(lmsys(*PROFILE_TORCH, "--out-dir", str(read_only_dir)))
+    assert line == f"error: --out-dir: cannot write in {read_only_dir} (Operation not permitted)"
+    assert list(read_only_dir.iterdir()) == []
+
+
+def test_profile_torch_out_dir_on_a_full_disk_is_one_line_before_the_run(lmsys, monkeypatch, full_dir):
+    _no_profile(monkeypatch)
+    line = one_line(lmsys(*PROFILE_TORCH, "--out-dir", str(full_dir)))
+    assert line == f"error: --out-dir: cannot write in {full_dir} (No space left on device)"
+    assert [p.name for p in full_dir.iterdir()] == ["filler"]
+
+
+def test_profile_memory_snapshot_out_dir_read_only_is_one_line_before_rendering(lmsys, monkeypatch, read_only_dir):
+    from lmsys.profiling import memory
+
+    monkeypatch.setattr(memory, "snapshot_reports", lambda *a, **k: pytest.fail("rendered"))
+    snap = Path(__file__).resolve().parent / "fixtures" / "memory" / "snapshot_tiny_train.pickle"
+    line = one_line(lmsys("profile", "memory", "--snapshot", str(snap), "--out-dir", str(read_only_dir)))
+    assert line == f"error: --out-dir: cannot write in {read_only_dir} (Operation not permitted)"
+
+
+def test_profile_memory_out_dir_on_a_full_disk_is_one_line(lmsys, monkeypatch, full_dir):
+    from lmsys.profiling import memory
+
+    monkeypatch.setattr(memory, "snapshot_reports", lambda *a, **k: pytest.fail("rendered"))
+    snap = Path(__file__).resolve().parent / "fixtures" / "memory" / "snapshot_tiny_train.pickle"
+    line = one_line(lmsys("profile", "memory", "--snapshot", str(snap), "--out-dir", str(full_dir)))
+    assert line == f"error: --out-dir: cannot write in {full_dir} (No space left on device)"
+
+
+def test_output_at_an_immutable_file_is_one_line_before_the_run(lmsys, monkeypatch, tmp_path):
+    _no_profile(monkeypatch)
+    out = tmp_path / "out.json"
+    out.write_text("{}")
+    release = _immutable(out)
+    try:
+        line = one_line(lmsys(*PROFILE_TORCH, "--out-dir", str(tmp_path / "prof"), "-o", str(out)))
+    finally:
+        release()
+    assert line == f"error: -o: cannot write {out} (Operation not permitted)"  # the option as typed
+    assert out.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
