@@ -249,3 +249,47 @@ def test_output_at_an_immutable_file_is_one_line_before_the_run(lmsys, monkeypat
         release()
     assert line == f"error: -o: cannot write {out} (Operation not permitted)"  # the option as typed
     assert out.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+# --------------------------------------------------------------------------------- checks before work
+
+
+def test_parallel_train_interleaved_on_pp_1_is_refused_before_any_rank_starts(lmsys, monkeypatch):
+    from lmsys.distributed import launch
+
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("a rank started"))
+    line = one_line(lmsys("parallel", "train", "--mesh", "tp=2", "--pp-schedule", "interleaved-1f1b",
+                          "--virtual-stages", "2"))
+    assert line == ("error: --mesh dp=1,tp=2,pp=1: interleaved-1f1b with --virtual-stages 2 passes each micro-batch "
+                    "round the pipeline ranks, and pp=1 has no pipeline")
+
+
+@pytest.mark.parametrize("mesh,message", [
+    ("dp=1,tp=1,pp=1,zero=7", "error: --mesh: zero=7 is not a ZeRO stage; one of 0 (none), 1 (optimizer state "
+                              "sharded), 2 (and gradients), 3 (and weights)"),
+    ("dp=1,tp=1,pp=1,zero=2", "error: --mesh dp=1,tp=1,pp=1,zero=2: zero=2 shards over the data-parallel ranks, "
+                              "and dp=1 has one"),
+    ("dp=1,schedule=zigzag", "error: --mesh: schedule=zigzag is not one of none, 1f1b, interleaved, gpipe"),
+    ("dp=1,checkpoint=some", "error: --mesh: checkpoint=some is not one of none, selective, full"),
+])
+def test_plan_train_names_the_mesh_value_that_is_wrong(lmsys, mesh, message):
+    assert one_line(lmsys("plan", "train", "--gpu", "H100", "--mesh", mesh)) == message
+
+
+def test_plan_train_gpus_not_a_whole_number_of_nodes_is_refused(lmsys):
+    r = lmsys("plan", "train", "--gpu", "H100", "--gpus", "8", "--gpus-per-node", "3")
+    assert one_line(r) == "error: --gpus 8 is not a whole number of nodes of --gpus-per-node 3"
+    assert "hint: --gpus 6 or 9, or a --gpus-per-node that divides 8" in r.err
+    assert lmsys("plan", "train", "--gpu", "H100", "--gpus", "2", "--gpus-per-node", "3", "--top", "1").code == 0
+    assert lmsys("plan", "train", "--gpu", "H100", "--gpus", "6", "--gpus-per-node", "3", "--top", "1").code == 0
+
+
+def test_plan_train_help_says_what_is_required(lmsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    r = lmsys("plan", "train", "--help")
+    text = " ".join(r.out.replace("│", " ").split())
+    assert r.code == 0
+    assert "Required: the GPU, by --gpu, --cluster or --profile (one of them)" in text
+    assert "--gpu <str> Required, unless --cluster or --profile names the GPU." in text
+    assert one_line(lmsys("plan", "train")) == \
+        "error: give the GPU: --gpu NAME or --cluster FILE.yaml (or a --profile from plan calibrate)"
