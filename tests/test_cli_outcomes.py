@@ -293,3 +293,38 @@ def test_plan_train_help_says_what_is_required(lmsys, monkeypatch):
     assert "--gpu <str> Required, unless --cluster or --profile names the GPU." in text
     assert one_line(lmsys("plan", "train")) == \
         "error: give the GPU: --gpu NAME or --cluster FILE.yaml (or a --profile from plan calibrate)"
+
+
+# ------------------------------------------------------------------------------------------- messages
+
+
+def test_an_absurd_memory_estimate_says_far_more_than_any_gpu(lmsys):
+    line = one_line(lmsys("bench", "e2e", "--size", "tiny", "--batch-size", "1000000000000", "--device", "cpu"))
+    assert line.startswith("error: --size tiny: a training step (weights, gradients, AdamW state, activations) "
+                           "needs far more than any GPU or host has (over 1 PiB), but ")
+    assert line.endswith(" GiB of RAM is available")
+
+
+def test_byte_estimates_read_as_amounts():
+    from lmsys.core.parsing import about_bytes
+
+    assert about_bytes(80.5 * 2**30) == "about 80.5 GiB"
+    assert about_bytes(3 * 2**40) == "about 3.0 TiB"
+    assert about_bytes(8651733398437499904 * 2**30) == "far more than any GPU or host has (over 1 PiB)"
+
+
+def test_a_user_impl_that_is_not_callable_is_named_with_its_article(lmsys, tmp_path):
+    (tmp_path / "notfn.py").write_text("attn = 3\nname = 'x'\n")
+    line = one_line(lmsys(*E2E, "--impl", f"{tmp_path / 'notfn.py'}:attn"))
+    assert line == (f"error: {tmp_path / 'notfn.py'}:attn is an int, not an autograd.Function or a callable "
+                    "(q, k, v, is_causal) -> o")
+
+
+def test_a_model_constructor_without_arguments_says_so(lmsys, tmp_path):
+    (tmp_path / "m.py").write_text("def build():\n    raise TypeError('no model today')\n"
+                                   "def number(**kw):\n    return 3\n")
+    line = one_line(lmsys(*E2E, "--model", f"{tmp_path / 'm.py'}:build"))
+    assert line == f"error: --model {tmp_path / 'm.py'}:build: building it with no arguments raised TypeError: " \
+                   "no model today"
+    line = one_line(lmsys(*E2E, "--model", f"{tmp_path / 'm.py'}:number"))
+    assert line == f"error: --model {tmp_path / 'm.py'}:number returned an int, not a torch.nn.Module"

@@ -142,7 +142,9 @@ def check_rank_memory(bytes_per_rank: int, world_sizes: list[int], backend: str,
         ranks = 1 if under_torchrun() else max(world_sizes)  # under torchrun, only this node's rank is known
         need, where = bytes_per_rank * ranks, f"{format_bytes(free)} of RAM is available for {ranks} rank(s)"
     if free is not None and need > free:
-        raise LmsysError(f"{what} needs about {format_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
+        from lmsys.core.parsing import about_bytes
+
+        raise LmsysError(f"{what} needs {about_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
                          f"{where}", hint="give smaller sizes or fewer ranks")
 
 
