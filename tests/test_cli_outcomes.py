@@ -328,3 +328,85 @@ def test_a_model_constructor_without_arguments_says_so(lmsys, tmp_path):
                    "no model today"
     line = one_line(lmsys(*E2E, "--model", f"{tmp_path / 'm.py'}:number"))
     assert line == f"error: --model {tmp_path / 'm.py'}:number returned an int, not a torch.nn.Module"
+
+
+# ------------------------------------------------------------------------------------- progress in logs
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_plain_progress_lines_start_after_the_interval_then_one_per_row_and_per_interval(capsys, monkeypatch):
+    from lmsys.core import progress
+
+    monkeypatch.setenv(progress.EVERY_ENV, "10")
+    clock = Clock()
+    lines = progress.Lines("ddp train", None, clock=clock)
+    lines.apply("rows", "3")
+    lines.apply("row", "naive")
+    clock.now += 4
+    lines.apply("steps", "5 steps")
+    lines.apply("step")
+    lines.apply("row", "flat")  # row 1 done after 4 s: within the first 10 s, so silent
+    assert capsys.readouterr().err == ""
+    clock.now += 7
+    lines.apply("step")  # 11 s in, 7 s into row 2: the first line
+    clock.now += 3
+    lines.apply("step")  # 3 s after the last line: nothing
+    clock.now += 8
+    lines.apply("step")  # 11 s after the last line
+    lines.apply("row", "torch-ddp")
+    clock.now += 2
+    lines.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "ddp train: row 2/3 (flat) running for 7 s",
+        "ddp train: row 2/3 (flat) running for 18 s",
+        "ddp train: row 2/3 done (flat) in 18.0 s, 22 s so far",
+        "ddp train: row 3/3 done (torch-ddp) in 2.0 s, 24 s so far",
+    ]
+
+
+def test_a_job_still_starting_says_so(capsys, monkeypatch):
+    from lmsys.core import progress
+
+    monkeypatch.setenv(progress.EVERY_ENV, "10")
+    clock = Clock()
+    lines = progress.Lines("comm all-reduce, world size 2", None, clock=clock)
+    clock.now += 12
+    lines.tick()
+    assert capsys.readouterr().err == "comm all-reduce, world size 2: starting, 12 s so far\n"
+
+
+ATTENTION = ("bench", "attention", "--device", "cpu", "--impl", "naive", "--d-head", "16", "--seq-len", "16,32",
+             "--warmup", "0", "--steps", "2", "-f", "csv")
+
+
+def test_a_sweep_with_stderr_not_a_terminal_writes_one_line_per_finished_row():
+    from test_cli_safety import cli
+
+    r = cli(*ATTENTION, env={"LMSYS_PROGRESS_EVERY": "0"})
+    assert r.returncode == 0, r.stderr
+    done = [ln for ln in r.stderr.splitlines() if " done " in ln]
+    assert [ln.split(" in ")[0] for ln in done] == ["bench attention: row 1/2 done", "bench attention: row 2/2 done"]
+    assert all(ln.startswith("bench attention: row ") for ln in r.stderr.splitlines()), r.stderr
+    assert "\x1b" not in r.stderr and r.stdout.startswith("impl,")  # plain text; stdout the CSV only
+    quiet = cli(*ATTENTION, "--quiet", env={"LMSYS_PROGRESS_EVERY": "0"})
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    short = cli(*ATTENTION, env={"LMSYS_PROGRESS_EVERY": "600"})  # a run shorter than the interval: silent
+    assert short.returncode == 0 and short.stderr == ""
+
+
+def test_a_job_on_ranks_logs_its_rows_through_the_relay():
+    from test_cli_safety import cli
+
+    r = cli("comm", "allreduce", "--sizes", "1MB,2MB", "--steps", "2", "--warmup", "1", "-f", "csv",
+            env={"LMSYS_PROGRESS_EVERY": "0"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    done = [ln.split(" in ")[0] for ln in r.stderr.splitlines() if " done " in ln]
+    assert done == ["comm all-reduce, world size 2: row 1/2 done (all-reduce 1MB)",
+                    "comm all-reduce, world size 2: row 2/2 done (all-reduce 2MB)"], r.stderr

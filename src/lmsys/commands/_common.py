@@ -15,7 +15,9 @@ FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help=(
     "table | md | csv | json. Default: a table on stdout; with --output, the file's extension picks its format "
     "(.json, .csv, else md)."))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help=(
-    "No progress display (it is drawn on stderr only when stderr is a terminal, never on stdout)."))]
+    "No progress on stderr: neither the display drawn when stderr is a terminal nor, where it is not (a CI log, "
+    "nohup, | tee), the plain line per finished row and per 10 s of a long row that a run over 10 s writes "
+    "(LMSYS_PROGRESS_EVERY sets the seconds). Never anything on stdout."))]
 OutputOpt = Annotated[
     Optional[Path],
     typer.Option("--output", "-o", help="Also write the results to FILE (format from --format, else the extension)."),
