@@ -410,3 +410,13 @@ def test_a_job_on_ranks_logs_its_rows_through_the_relay():
     done = [ln.split(" in ")[0] for ln in r.stderr.splitlines() if " done " in ln]
     assert done == ["comm all-reduce, world size 2: row 1/2 done (all-reduce 1MB)",
                     "comm all-reduce, world size 2: row 2/2 done (all-reduce 2MB)"], r.stderr
+
+
+def test_flash_check_max_len_has_a_bound_said_before_any_case_runs(lmsys, monkeypatch):
+    from lmsys.bench import flash_check
+
+    monkeypatch.setattr(flash_check, "run_check", lambda *a, **k: pytest.fail("a case ran"))
+    r = lmsys("flash", "check", "--device", "cpu", "--cases", "2", "--max-len", "100000")
+    assert one_line(r) == ("error: --max-len 100000 is over the limit of 4096: the float64 reference runs on the CPU "
+                           "and would hold 447.0 GiB of scores per tensor of its backward")
+    assert "hint: --max-len 4096 or less" in r.err
