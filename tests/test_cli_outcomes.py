@@ -420,3 +420,35 @@ def test_flash_check_max_len_has_a_bound_said_before_any_case_runs(lmsys, monkey
     assert one_line(r) == ("error: --max-len 100000 is over the limit of 4096: the float64 reference runs on the CPU "
                            "and would hold 447.0 GiB of scores per tensor of its backward")
     assert "hint: --max-len 4096 or less" in r.err
+
+
+def test_the_step_under_nsys_reports_the_user_models_sys_exit_as_a_failed_run(tmp_path, capsys):
+    """profile nsys --engine nsys runs the step in a child process: its sys.exit comes back as one line, exit 1."""
+    from lmsys.core import imports
+    from lmsys.core.errors import RunFailed
+    from lmsys.model.config import resolve_configs
+    from lmsys.profiling import nsys_target
+
+    imports.forget_user_code()
+    _, cfg = resolve_configs(["tiny"], context_length=16, model=f"{FIXTURE}:ExitModel")[0]
+    spec = {"config": cfg.as_dict(), "batch_size": 1, "dtype": "fp32", "mode": "fwd", "warmup": 0, "steps": 1,
+            "device": "cpu", "result": str(tmp_path / "result.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert nsys_target.main([str(tmp_path / "spec.json")]) == 1
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"status": "error", "yours": True,
+                      "error": f"your code (--model {FIXTURE}:ExitModel) called sys.exit(0)"}
+    assert capsys.readouterr().err == f"error: your code (--model {FIXTURE}:ExitModel) called sys.exit(0)\n"
+    imports.forget_user_code()
+
+
+def test_a_run_failed_in_a_child_is_its_line_and_exit_1(lmsys, monkeypatch, tmp_path):
+    from lmsys.core.errors import RunFailed
+    from lmsys.profiling import report
+
+    def failed(*a, **k):
+        raise RunFailed("your code (--model m.py:Net) called sys.exit(3); full output in x.log")
+
+    monkeypatch.setattr(report, "profile_step", failed)
+    r = lmsys(*PROFILE_TORCH, "--out-dir", str(tmp_path))
+    assert failed_run(r) == "error: your code (--model m.py:Net) called sys.exit(3); full output in x.log"

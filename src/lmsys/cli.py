@@ -11,7 +11,7 @@ import typer
 
 from lmsys import __version__
 from lmsys.commands import bench, comm, ddp, flash, listing, parallel, plan, precision, profile
-from lmsys.core.errors import Interrupted, LmsysError
+from lmsys.core.errors import Interrupted, LmsysError, RunFailed
 
 app = typer.Typer(
     name="lmsys",
@@ -92,6 +92,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except LmsysError as exc:
         _say_error(as_given(exc.message, spelled), as_given(exc.hint, spelled), debug=debug)
         code = 2
+    except RunFailed as exc:
+        _say_error(exc.message, None, debug=debug)
+        code = 1
     except StdoutClosed:
         code = -1
     except SystemExit as exc:  # only the user's code calls sys.exit inside a command (Click returns its codes)
