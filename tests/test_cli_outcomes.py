@@ -454,3 +454,22 @@ def test_a_run_failed_in_a_child_is_its_line_and_exit_1(lmsys, monkeypatch, tmp_
     monkeypatch.setattr(report, "profile_step", failed)
     r = lmsys(*PROFILE_TORCH, "--out-dir", str(tmp_path))
     assert failed_run(r) == "error: your code (--model m.py:Net) called sys.exit(3); full output in x.log"
+
+
+def test_only_the_users_own_frames_are_blamed_for_sys_exit(monkeypatch):
+    from lmsys.core import imports
+
+    monkeypatch.setattr(imports, "_USER_CODE", {})
+    fn = imports.load_object(f"{FIXTURE}:exit7", what="--impl")
+    try:
+        fn(None, None, None, False)
+    except SystemExit as exc:
+        assert imports.describe_user_failure(exc) == f"your code (--impl {FIXTURE}:exit7) called sys.exit(7)"
+    try:
+        raise SystemExit(3)  # lmsys's own (none today): not the user's, whatever was loaded
+    except SystemExit as exc:
+        assert imports.describe_user_failure(exc) is None
+    try:
+        raise IndexError("Target 775 is out of bounds.")  # torch's, on the user's output: named by the option
+    except IndexError as exc:
+        assert imports.describe_user_failure(exc) == f"--impl {FIXTURE}:exit7: IndexError: Target 775 is out of bounds."

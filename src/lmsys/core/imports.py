@@ -39,10 +39,10 @@ def forget_user_code() -> None:
     _USER_CODE.clear()
 
 
-def user_code_for(exc: BaseException) -> tuple[str, str] | None:
+def user_code_for(exc: BaseException, *, sole: bool = True) -> tuple[str, str] | None:
     """(option, spec) of the user's code `exc` belongs to: the deepest frame of its traceback in a file loaded
-    here; else, when a single piece of user code was loaded, that one (a model's wrong output fails in
-    lmsys's or torch's code, after the user's own returned). None when no user code was loaded."""
+    here; else (`sole`), when a single piece of user code was loaded, that one (a model's wrong output fails
+    in lmsys's or torch's code, after the user's own returned). None when no user code was loaded."""
     files = {}
     for f in traceback.extract_tb(exc.__traceback__):
         try:
@@ -53,7 +53,7 @@ def user_code_for(exc: BaseException) -> tuple[str, str] | None:
     if mine:
         return mine[0]
     distinct = set(_USER_CODE.values())
-    return distinct.pop() if len(distinct) == 1 else None
+    return distinct.pop() if sole and len(distinct) == 1 else None
 
 
 def describe_user_failure(exc: BaseException) -> str | None:
@@ -62,7 +62,7 @@ def describe_user_failure(exc: BaseException) -> str | None:
     failed run whatever N is: lmsys was not done."""
     if isinstance(exc, LmsysError) or isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
         return None
-    who = user_code_for(exc)
+    who = user_code_for(exc, sole=not isinstance(exc, SystemExit))  # sys.exit: the user's frame raised it
     if who is None:
         return None
     what, spec = who
