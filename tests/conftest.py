@@ -22,6 +22,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Issue 44: where stderr is not a terminal, a run longer than LMSYS_PROGRESS_EVERY seconds (default 10) writes
+# plain progress lines there. The tests' stderr is never a terminal and their run times vary with the machine's
+# load, so a test's stderr would depend on it: here the lines come after an hour; the tests of those lines
+# (test_cli_outcomes.py) set the interval themselves.
+os.environ.setdefault("LMSYS_PROGRESS_EVERY", "3600")
+
 # Issue 27 item 7, the tests leave nothing in the temp directory: this session's temporary files (torch's
 # torchinductor_<user> cache and precompiled headers, torchrun's torchelastic_* folders, lmsys's run folders,
 # in this process and in the subprocesses that inherit TMPDIR) go into a folder of its own, removed when the

@@ -204,7 +204,8 @@ def test_a_model_larger_than_ram_is_refused_before_it_is_built(lmsys, monkeypatc
 
     monkeypatch.setattr(mem, "available_ram", lambda: 8 * 2**30)
     line = one_line(lmsys("bench", "e2e", "--size", "10b", "--device", "cpu"))
-    assert "--size 10b: a training step needs about" in line and "8.0 GiB of RAM is available" in line
+    assert "--size 10b: a training step (weights, gradients, AdamW state, activations) needs about" in line
+    assert line.endswith(" GiB, but 8.0 GiB of RAM is available")
 
 
 def test_train_memory_estimate_counts_states_and_activations():

@@ -11,7 +11,7 @@ import typer
 
 from lmsys import __version__
 from lmsys.commands import bench, comm, ddp, flash, listing, parallel, plan, precision, profile
-from lmsys.core.errors import Interrupted, LmsysError
+from lmsys.core.errors import Interrupted, LmsysError, RunFailed
 
 app = typer.Typer(
     name="lmsys",
@@ -45,13 +45,39 @@ def root(
     """lmsys: one CLI for the systems side of training Transformer language models."""
 
 
+def command():
+    """The Click command of `app`, with every help text (commands' and options') shown as written: Typer reads
+    help as Rich markup, where `[batch, seq, d]` is a tag and vanished ("your attention, )"). Help is
+    escaped here, in one place, so that no help string has to know about markup."""
+    from rich.markup import escape
+    from typer.main import get_command
+
+    root = get_command(app)
+    todo = [root]
+    while todo:
+        cmd = todo.pop()
+        for attr in ("help", "short_help"):
+            if getattr(cmd, attr, None):
+                setattr(cmd, attr, escape(getattr(cmd, attr)))
+        for param in getattr(cmd, "params", []):
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
+        todo.extend(getattr(cmd, "commands", {}).values())
+    return root
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point; the exit code means one thing. 2: the user's input is wrong (LmsysError, a Click usage
     error: one line plus a hint), decided before any work. 1: the run failed (a crash: one line; a failed
     row: said under the table). 0: otherwise. LMSYS_DEBUG=1 adds the traceback and keeps the code.
     SIGINT / SIGTERM stop the work (child processes included), print `interrupted` and exit 130 / 143;
-    a closed stdout (`lmsys ... | head -1`) ends quietly by SIGPIPE, as the shell's own tools do."""
+    a closed stdout (`lmsys ... | head -1`) ends quietly by SIGPIPE, as the shell's own tools do. The user's
+    code (--model, --impl, ...) that calls sys.exit, whatever its code, or crashes is a failed run: one line
+    naming the option that supplied it, exit 1."""
+    from lmsys.core.imports import describe_user_failure, forget_user_code
+
     debug = os.environ.get("LMSYS_DEBUG") == "1"
+    forget_user_code()
     restore = _install_sigterm_handler()
     stdout = sys.stdout
     sys.stdout = _PipeGuard(stdout)
@@ -61,13 +87,22 @@ def main(argv: Optional[list[str]] = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
         check_repeated_options(app, args)  # its message quotes the line as typed: not rewritten below
         spelled = given_spellings(app, args)
-        rv = app(args=args, prog_name="lmsys", standalone_mode=False)
+        rv = command().main(args=args, prog_name="lmsys", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except LmsysError as exc:
         _say_error(as_given(exc.message, spelled), as_given(exc.hint, spelled), debug=debug)
         code = 2
+    except RunFailed as exc:
+        _say_error(exc.message, None, debug=debug)
+        code = 1
     except StdoutClosed:
         code = -1
+    except SystemExit as exc:  # only the user's code calls sys.exit inside a command (Click returns its codes)
+        line = describe_user_failure(exc)
+        if line is None:
+            raise
+        _say_error(line, "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+        code = 1
     except (KeyboardInterrupt, Interrupted) as exc:
         sys.stdout = stdout
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -79,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             _say_error("aborted", None, debug=debug)
             code = 1
         else:
-            _say_error(_describe_crash(exc), "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+            _say_error(describe_user_failure(exc) or _describe_crash(exc), "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
             code = 1
     finally:
         sys.stdout = stdout

@@ -8,6 +8,7 @@ torch.compile with fused AdamW — and rows carry the speed-ups over both. Rows 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Iterator
 
@@ -15,7 +16,7 @@ from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu
 from lmsys.core.parsing import MiB, choose
-from lmsys.core.results import MeanStd
+from lmsys.core.results import NON_FINITE_LOSS, MeanStd
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig
 from lmsys.train import MODES
@@ -319,7 +320,7 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                 "peak fwd MiB": None if peak_fwd is None else peak_fwd / MiB,
                 "peak step MiB": None if peak_step is None else peak_step / MiB,
                 "loss": float(last_loss),
-                "status": "ok",
+                "status": "ok" if math.isfinite(float(last_loss)) else NON_FINITE_LOSS,
             }
 
 

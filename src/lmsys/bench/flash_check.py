@@ -33,6 +33,7 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
 HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
 assert KERNEL_HEAD_DIMS is None or set(HEAD_DIMS) <= set(KERNEL_HEAD_DIMS)  # every dim drawn is one the kernels take
 LEADING_DIMS = ((), (1,), (3,), (2, 3), (1, 2, 2))
+MAX_LEN = 4096  # --max-len: 6 heads × 4096² float64 scores are 0.75 GiB per tensor of the reference's backward
 GQA_HEADS = ((4, 1), (4, 2), (6, 3), (8, 2))  # (query heads, key/value heads)
 
 
@@ -113,6 +114,14 @@ def random_cases(count: int, *, seed: int, dtypes: list[str], max_len: int,
         raise LmsysError(f"--cases must be >= 1, got {count}")
     if max_len < 1:
         raise LmsysError(f"--max-len must be >= 1, got {max_len}")
+    if max_len > MAX_LEN:  # the float64 reference on the CPU: n_q × n_k scores for up to 6 leading heads
+        from lmsys.core.parsing import format_bytes
+
+        scores = 6 * max_len * max_len * 8
+        raise LmsysError(f"--max-len {max_len} is over the limit of {MAX_LEN}: the float64 reference runs on the "
+                         f"CPU and would hold {format_bytes(scores)} of scores per tensor of its backward",
+                         hint=f"--max-len {MAX_LEN} or less (the kernels' tiles are 16-128 long: a few hundred "
+                              "covers every boundary case)")
     rng = random.Random(seed)
 
     def length() -> int:

@@ -15,7 +15,9 @@ FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help=(
     "table | md | csv | json. Default: a table on stdout; with --output, the file's extension picks its format "
     "(.json, .csv, else md)."))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help=(
-    "No progress display (it is drawn on stderr only when stderr is a terminal, never on stdout)."))]
+    "No progress on stderr: neither the display drawn when stderr is a terminal nor, where it is not (a CI log, "
+    "nohup, | tee), the plain line per finished row and per 10 s of a long row that a run over 10 s writes "
+    "(LMSYS_PROGRESS_EVERY sets the seconds). Never anything on stdout."))]
 OutputOpt = Annotated[
     Optional[Path],
     typer.Option("--output", "-o", help="Also write the results to FILE (format from --format, else the extension)."),
@@ -33,9 +35,10 @@ def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: 
     progress.set_quiet(quiet)
     from lmsys.core.parsing import choose
     from lmsys.core.files import check_output_path
-    from lmsys.core.results import check_format
+    from lmsys.core.results import check_format, check_format_for_output
 
     check_format(fmt)
+    check_format_for_output(fmt, output)
     if device is not None and not device.startswith("cuda:"):
         choose(device, DEVICE_CHOICES, what="--device")
     if dtype is not None:
@@ -78,18 +81,18 @@ def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, de
 
 
 def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
-    """Render one Report or a list of them; with --output, say where the file went. A row whose status
-    is an error (not an OOM or `unsupported`: those are results) makes the run a failure: one line after
-    the table, exit 1."""
-    from lmsys.core.results import Report, render
+    """Render one Report or a list of them; with --output, say where the file went. Then the rows decide
+    the exit code (`lmsys.core.results.outcome`): a row whose status is an error or a non-finite loss
+    makes the run a failure, and so does a run where every row ran out of memory (an OOM row beside rows
+    that ran is a result, as the seed's tables have OOM cells): one line after the table, exit 1."""
+    from lmsys.core.results import outcome, render
 
     render(reports, fmt, output)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
-    rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
-    failed = [row for row in rows if str(row.get("status", "")).startswith("error")]
-    if failed:
-        typer.echo(f"error: {len(failed)} of {len(rows)} rows failed; the status column says why", err=True)
+    failure = outcome(reports)
+    if failure:
+        typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(1)
 
 

@@ -18,7 +18,7 @@ def train(
     size: Annotated[str, typer.Option(help="One model: a preset (tiny, small, medium, large, xl, 2.7b, 10b; gpt-22b, gpt-175b, gpt-530b, gpt-1t), an lmsys .yaml, or a Llama-style .yaml/.json (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings).")] = "small",
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the run (default 1, or the cluster file's).")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default 8, or the cluster file's).")] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="The GPU: a table name (A100 40GB SXM, A100 80GB SXM, H100 SXM, H100 PCIe, H200 SXM, B200, ...) or torch's device name.")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Required, unless --cluster or --profile names the GPU. The GPU: a table name (A100 40GB SXM, A100 80GB SXM, H100 SXM, H100 PCIe, H200 SXM, B200, ...) or torch's device name.")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="A YAML file: gpu (a name, or a mapping of its figures), gpus, gpus_per_node, and any figure to override (network_GBps, hbm_GB, ...).")] = None,
     global_batch_tokens: Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Tokens per optimizer step (a whole number of sequences).")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per optimizer step (default: one per GPU).")] = None,
@@ -33,7 +33,9 @@ def train(
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
-    """Rank the meshes that fit by predicted tokens/s: memory per GPU and step time, split by cause."""
+    """Rank the meshes that fit by predicted tokens/s: memory per GPU and step time, split by cause.
+
+    Required: the GPU, by --gpu, --cluster or --profile (one of them); every other option has a default."""
     from lmsys.core.parsing import choose
     from lmsys.core.results import Report, check_output_path
 

@@ -61,13 +61,11 @@ def _one_config(size: Optional[str], dev, *, context_length: int, attn_impl: Opt
 
 
 def _make_out_dir(out_dir: Path) -> None:
-    """Create --out-dir before any work, so a path that cannot be a directory is one line, not a traceback."""
-    from lmsys.core.errors import LmsysError
+    """Create --out-dir and probe a write there before any work: a path that cannot be a directory, a
+    read-only or a full file system is one line, not a run whose files cannot be saved."""
+    from lmsys.core.files import check_output_dir
 
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LmsysError(f"--out-dir: cannot create {out_dir} ({exc.strerror or exc})") from None
+    check_output_dir(out_dir, what="--out-dir")
 
 
 @app.command("nsys")

@@ -19,6 +19,15 @@ class LmsysError(Exception):
         return self.message
 
 
+class RunFailed(Exception):
+    """A run that failed, already said in one line (the user's code failed in a child process): the CLI
+    prints the message and exits 1, as for a crash, without a type name or traceback."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 class Interrupted(BaseException):
     """SIGTERM (or SIGINT) reached lmsys: unwind (stopping child processes, removing temporary files),
     then exit 128 + the signal number. A BaseException, so `except Exception` blocks let it through."""

@@ -72,15 +72,53 @@ def check_output_path(path: str | os.PathLike | None, *, what: str = "--output")
             raise LmsysError(f"{what}: {parent} is a file, not a directory")
         if not os.access(parent, os.W_OK):
             raise LmsysError(f"{what}: directory {parent} is not writable")
-        # Permissions do not tell everything (/proc, a read-only mount, a name too long): create the
-        # temporary file atomic_output would use, and remove it.
-        probe = _temporary_name(target)
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.unlink(probe)
+        # Permissions do not tell everything (/proc, a read-only mount, a full disk, a name too long): write
+        # the temporary file atomic_output would use, and remove it.
+        _probe(parent, target.name)
         if len(target.name.encode()) > os.pathconf(parent, "PC_NAME_MAX"):
             raise OSError(36, os.strerror(36))  # ENAMETOOLONG
+        if os.path.isfile(target):  # an immutable file (chattr +i) cannot be replaced, even by root
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
     except OSError as exc:
-        raise LmsysError(f"{what}: cannot write in {target.parent} ({exc.strerror or exc})") from None
+        where = target if os.path.isfile(target) and exc.errno in (1, 13) else f"in {target.parent}"  # EPERM, EACCES
+        raise LmsysError(f"{what}: cannot write {where} ({exc.strerror or exc})") from None
+
+
+PROBE_BYTES = 64 * 1024  # what a probe writes: a full disk refuses it (an empty file needs no block)
+
+
+def _probe(folder: Path, name: str = "probe") -> None:
+    """Write PROBE_BYTES to a new hidden file in `folder`, to the disk (fsync), and remove it: a read-only
+    mount, an immutable folder or a full disk fail here, before the work, with the OSError a real write
+    would have met."""
+    probe = _temporary_name(folder / name)
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(bytes(PROBE_BYTES))
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+
+
+def check_output_dir(path: str | os.PathLike, *, what: str = "--out-dir") -> Path:
+    """Create the folder a command writes its files into (traces, snapshots, plots) and probe a write there,
+    before any work: one LmsysError for a path that cannot be a folder, a read-only or full file system."""
+    folder = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LmsysError(f"{what}: cannot create {folder} ({exc.strerror or exc})") from None
+    try:
+        _probe(folder)
+    except OSError as exc:
+        raise LmsysError(f"{what}: cannot write in {folder} ({exc.strerror or exc})") from None
+    return folder
 
 
 def _temporary_name(target: Path) -> Path:

@@ -4,6 +4,11 @@ for one object, `pkg.module` or `path/to/file.py` for a whole module (a CS336 ad
 A file is imported by path (importlib.util.spec_from_file_location) under a name of its own, with its
 folder on sys.path so that it can import its neighbours. A module that does not import is one LmsysError
 naming the file, the line and the error.
+
+Every module loaded here is remembered with the option that named it (`--model mine.py:Net`), so that a
+failure of the user's code, wherever lmsys calls it (a row, a rank, a constructor), is told in one way
+(`describe_user_failure`): `sys.exit` inside it is "your code (--impl exit0.py:f) called sys.exit(0)", any
+other exception is prefixed with the option that supplied the code ("--model mine.py:Net: IndexError: ...").
 """
 
 from __future__ import annotations
@@ -17,6 +22,59 @@ from pathlib import Path
 from types import ModuleType
 
 from lmsys.core.errors import LmsysError
+
+
+# file (resolved) or module name -> (option, spec as given), in the order loaded
+_USER_CODE: dict[str, tuple[str, str]] = {}
+
+
+def _remember(module: ModuleType, *, what: str, spec: str) -> None:
+    origin = getattr(module, "__file__", None)
+    key = str(Path(origin).resolve()) if origin else module.__name__
+    _USER_CODE.setdefault(key, (what, spec))
+
+
+def forget_user_code() -> None:
+    """A new command starts (tests run several in one process): no user code loaded yet."""
+    _USER_CODE.clear()
+
+
+def user_code_for(exc: BaseException, *, sole: bool = True) -> tuple[str, str] | None:
+    """(option, spec) of the user's code `exc` belongs to: the deepest frame of its traceback in a file loaded
+    here; else (`sole`), when a single piece of user code was loaded, that one (a model's wrong output fails
+    in lmsys's or torch's code, after the user's own returned). None when no user code was loaded."""
+    files = {}
+    for f in traceback.extract_tb(exc.__traceback__):
+        try:
+            files[str(Path(f.filename).resolve())] = True
+        except (OSError, ValueError):
+            continue
+    mine = [_USER_CODE[name] for name in reversed(list(files)) if name in _USER_CODE]
+    if mine:
+        return mine[0]
+    distinct = set(_USER_CODE.values())
+    return distinct.pop() if sole and len(distinct) == 1 else None
+
+
+def describe_user_failure(exc: BaseException) -> str | None:
+    """One line for a failure of the user's code, or None when it is not one (no user code loaded, or
+    lmsys's own LmsysError, which already says what is wrong). `sys.exit(N)` inside the user's code is a
+    failed run whatever N is: lmsys was not done."""
+    if isinstance(exc, LmsysError) or isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
+        return None
+    who = user_code_for(exc, sole=not isinstance(exc, SystemExit))  # sys.exit: the user's frame raised it
+    if who is None:
+        return None
+    what, spec = who
+    if isinstance(exc, SystemExit):
+        code = "" if exc.code is None else repr(exc.code)
+        return f"your code ({what} {spec}) called sys.exit({code})"
+    if not isinstance(exc, Exception):
+        return None
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{what} {spec}: {type(exc).__name__}: {text}" if text else f"{what} {spec}: {type(exc).__name__}"
 
 
 def is_import_path(name: str) -> bool:
@@ -33,7 +91,14 @@ def split_import_path(spec: str, *, what: str) -> tuple[str, str]:
 
 
 def load_module(spec: str, *, what: str) -> ModuleType:
-    """A module by import name or by .py path (imported once per process)."""
+    """A module by import name or by .py path (imported once per process), remembered as the user's code
+    that `what` supplied."""
+    module = _load_module(spec, what=what)
+    _remember(module, what=what, spec=spec)
+    return module
+
+
+def _load_module(spec: str, *, what: str) -> ModuleType:
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
         return _load_file(Path(spec).expanduser(), what=what)
     if not all(part.isidentifier() for part in spec.split(".")):
@@ -52,7 +117,8 @@ def load_module(spec: str, *, what: str) -> ModuleType:
 def load_object(spec: str, *, what: str):
     """The object `Name` (dotted names allowed: Outer.Inner) of `pkg.module:Name` or `file.py:Name`."""
     module_name, attr = split_import_path(spec, what=what)
-    module = load_module(module_name, what=what)
+    module = _load_module(module_name, what=what)
+    _remember(module, what=what, spec=spec)
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

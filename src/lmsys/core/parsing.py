@@ -81,6 +81,22 @@ def format_bytes(n: float | None) -> str:
     return f"{n:.1f} TiB"
 
 
+BEYOND_ANY_MACHINE = 2**50  # 1 PiB: more memory than any GPU or host has, by orders of magnitude
+
+
+def about_bytes(n: float) -> str:
+    """An estimate in a message: 'about 80.5 GiB', and past any machine 'far more than any GPU or host has
+    (over 1 PiB)' rather than a 20-digit number of GiB."""
+    if n >= BEYOND_ANY_MACHINE:
+        return "far more than any GPU or host has (over 1 PiB)"
+    return f"about {format_bytes(n)}"
+
+
+def a_or_an(word: str) -> str:
+    """'a float', 'an int': the article a message puts before a type or a name."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
 def check_message_sizes(labels: list[str], nbytes: list[int], dtype: str) -> None:
     """A message size that is not a whole number of elements of `dtype` is refused (it would be rounded)."""
     from lmsys.core.devices import DTYPE_BYTES  # devices imports this module

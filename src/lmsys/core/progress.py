@@ -1,5 +1,7 @@
-"""Progress on long work: one Rich display on stderr with rows done of rows planned and the steps of the
-row that runs, shown only when stderr is a terminal and `--quiet` was not given; nothing on stdout.
+"""Progress on long work, on stderr only, never with `--quiet`: on a terminal one Rich display with rows done
+of rows planned and the steps of the row that runs; where stderr is not a terminal (CI logs, nohup, `| tee`)
+plain lines, one per finished row and one per EVERY seconds of a long row, none in a run's first EVERY
+seconds (a short run's log stays clean). Nothing on stdout.
 
 Commands open the display (`rows`, around their sweep). Library loops only say where they are
 (`plan_steps`, `step`, and for a job that plans its own rows `plan_rows`, `start_row`): without a display
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, TypeVar
@@ -23,6 +26,17 @@ _quiet = False
 _display: Optional["Display"] = None
 
 
+EVERY_ENV = "LMSYS_PROGRESS_EVERY"  # seconds between plain progress lines (default 10)
+
+
+def every() -> float:
+    """Seconds between plain progress lines, and before the first: LMSYS_PROGRESS_EVERY, else 10."""
+    try:
+        return max(0.0, float(os.environ.get(EVERY_ENV, "10")))
+    except ValueError:
+        return 10.0
+
+
 def set_quiet(quiet: bool) -> None:
     """--quiet: no display for the rest of this process."""
     global _quiet
@@ -30,11 +44,18 @@ def set_quiet(quiet: bool) -> None:
 
 
 def shown() -> bool:
-    """Whether a display would be drawn: stderr is a terminal and --quiet was not given."""
+    """Whether the Rich display would be drawn: stderr is a terminal and --quiet was not given."""
     try:
         return not _quiet and sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def logged() -> bool:
+    """Whether plain progress lines would be written: stderr is not a terminal, --quiet was not given, and
+    this process is not a rank or child whose progress the launching process shows (nor a rank other than 0
+    under the user's own torchrun)."""
+    return not _quiet and not shown() and ENV not in os.environ and os.environ.get("RANK", "0") == "0"
 
 
 class Display:
@@ -65,6 +86,79 @@ class Display:
             p.update(self.steps, total=int(total), completed=0, visible=True, description=f"  {label or 'steps'}")
         elif kind == "step":
             p.advance(self.steps, int(value or 1))
+
+    def finish_row(self) -> None:
+        """A row of the command's own sweep is done (the steps bar goes until the next one plans its loop)."""
+        self.progress.advance(self.rows)
+        self.progress.update(self.steps, visible=False)
+
+    def tick(self) -> None:
+        pass  # Rich redraws on its own
+
+
+class Lines:
+    """The display where stderr is not a terminal: plain lines, nothing in the run's first `every()` seconds,
+    then a line for each finished row and one for each `every()` seconds spent in a row (where its steps or
+    the relay say so). Same events as Display."""
+
+    def __init__(self, description: str, total_rows: Optional[int], *, clock=time.monotonic):
+        self.description, self.total, self.clock = description, total_rows, clock
+        self.start = self.last = self.row_start = clock()
+        self.done, self.label, self.open = 0, "", False
+        self.steps_total, self.steps_label, self.steps_done = None, "steps", 0
+
+    def _say(self, text: str) -> None:
+        self.last = self.clock()
+        try:
+            print(f"{self.description}: {text}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass  # progress is never worth a failure
+
+    def _of(self, n: int) -> str:
+        return f"{n}/{self.total}" if self.total else str(n)
+
+    def _due(self, now: float) -> bool:
+        return now - self.start >= every()
+
+    def finish_row(self) -> None:
+        now = self.clock()
+        self.done += 1
+        self.open = False
+        if self._due(now):
+            what = f" ({self.label})" if self.label else ""
+            self._say(f"row {self._of(self.done)} done{what} in {now - self.row_start:.1f} s, "
+                      f"{now - self.start:.0f} s so far")
+        self.row_start, self.label, self.steps_total, self.steps_done = now, "", None, 0
+
+    def apply(self, kind: str, value: str = "") -> None:
+        if kind == "rows":
+            self.total = int(value)
+        elif kind == "row":  # a row starts: the one before it is done
+            if self.open:
+                self.finish_row()
+            self.open, self.label, self.row_start = True, value, self.clock()
+        elif kind == "steps":
+            total, _, label = value.partition(" ")
+            self.steps_total, self.steps_label, self.steps_done = int(total), label or "steps", 0
+        elif kind == "step":
+            self.steps_done += int(value or 1)
+        self.tick()
+
+    def tick(self) -> None:
+        """A line when the row has gone on for another `every()` seconds without one."""
+        now = self.clock()
+        if not self._due(now) or now - self.last < every():
+            return
+        if not (self.open or self.steps_total):  # a job still starting (its processes, imports)
+            self._say(f"starting, {now - self.start:.0f} s so far")
+            return
+        what = f" ({self.label})" if self.label else ""
+        steps = f", {self.steps_done}/{self.steps_total} {self.steps_label}" if self.steps_total else ""
+        self._say(f"row {self._of(self.done + 1)}{what} running for {now - self.row_start:.0f} s{steps}")
+
+    def close(self) -> None:
+        if self.open:  # the last row a job started (rows come from its events)
+            self.finish_row()
 
 
 def _emit(kind: str, value: str = "") -> None:
@@ -102,8 +196,16 @@ def step(count: int = 1) -> None:
 def display(description: str, *, total_rows: Optional[int] = None) -> Iterator[Optional[Display]]:
     """The display for the block (None, and nothing drawn, when not `shown()`)."""
     global _display
-    if not shown() or _display is not None:
+    if _display is not None or not (shown() or logged()):
         yield None
+        return
+    if not shown():
+        _display = Lines(description, total_rows)
+        try:
+            yield _display
+            _display.close()
+        finally:
+            _display = None
         return
     _display = Display(description, total_rows)
     try:
@@ -119,8 +221,7 @@ def rows(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:
         for item in items:
             yield item
             if shown_ is not None:
-                shown_.progress.advance(shown_.rows)
-                shown_.progress.update(shown_.steps, visible=False)
+                shown_.finish_row()
 
 
 @contextmanager
@@ -163,6 +264,9 @@ class Relay:
         return {ENV: str(self.path)} if _display is not None else {}
 
     def poll(self) -> None:
+        tick = getattr(_display, "tick", None)
+        if tick is not None:
+            tick()  # a long row of a job says so in a log, between its own events
         if _display is None or not self.path.exists():
             return
         with open(self.path, "rb") as f:

@@ -163,22 +163,28 @@ def to_markdown(report: Report) -> str:
     return out.getvalue()
 
 
-def to_csv(report: Report) -> str:
+def to_csv(report: Report | list[Report]) -> str:
+    """Plain CSV, the header first (csv.reader, pandas.read_csv, spreadsheets read it as it is): the rows only;
+    the run's metadata and notes are in the Markdown and JSON formats. A mean ± std cell is two columns (`ms`,
+    `ms std`). Several reports are one table whose first column, `table`, is each row's report title."""
+    reports = [report] if isinstance(report, Report) else list(report)
+    several = len(reports) > 1
+    columns: dict[str, None] = {}
+    for one in reports:
+        columns.update(dict.fromkeys(one.columns))
+    rows = [(one, row) for one in reports for row in one.rows]
+    pairs = {c for c in columns if any(isinstance(row.get(c), MeanStd) for _, row in rows)}
+    header = ["table"] if several else []
+    for c in columns:
+        header += [c, f"{c} std"] if c in pairs else [c]
     out = io.StringIO()
-    for key, value in report.meta.items():
-        out.write(f"# {key}: {_fmt(value)}\n")
-    header: list[str] = []
-    for c in report.columns:
-        is_pair = any(isinstance(r.get(c), MeanStd) for r in report.rows)
-        header += [c, f"{c} std"] if is_pair else [c]
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
-    for row in report.rows:
-        cells = []
-        for c in report.columns:
+    for one, row in rows:
+        cells: list[Any] = [one.title] if several else []
+        for c in columns:
             v = row.get(c)
-            is_pair = any(isinstance(r.get(c), MeanStd) for r in report.rows)
-            if is_pair:
+            if c in pairs:
                 cells += [v.mean, v.std] if isinstance(v, MeanStd) else [_plain(v), None]
             else:
                 cells.append(_plain(v))
@@ -229,6 +235,23 @@ def print_rich(report: Report, file=None) -> None:
         console.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
+NON_FINITE_LOSS = "non-finite loss"  # a row's status when its loss is NaN or infinite: a failed row
+
+
+def outcome(reports: Report | list[Report]) -> str | None:
+    """What makes a run with these rows a failure (exit 1), in one line, or None: rows whose status is an
+    error or a non-finite loss; or every row out of memory (an OOM row beside rows that ran is a result:
+    the largest sizes of a sweep are expected not to fit)."""
+    rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
+    statuses = [str(row.get("status", "")) for row in rows]
+    failed = [s for s in statuses if s.startswith("error") or s == NON_FINITE_LOSS]
+    if failed:
+        return f"{len(failed)} of {len(rows)} rows failed; the status column says why"
+    if rows and all(s.startswith("OOM") for s in statuses):
+        return "every row ran out of memory"
+    return None
+
+
 _RENDERERS = {"md": to_markdown, "csv": to_csv, "json": to_json}
 
 
@@ -242,9 +265,28 @@ def check_format(fmt: str | None) -> str | None:
     return None if fmt is None else choose(fmt, FORMATS, what="--format")
 
 
+EXTENSIONS = {"csv": "csv", "json": "json", "md": "md", "markdown": "md"}
+
+
+def check_format_for_output(fmt: str | None, output: str | os.PathLike | None) -> None:
+    """`-f csv -o out.json` is a contradiction, refused before any work (one line, exit 2), not CSV written
+    into a .json file. An extension that names no format (.txt, none, /dev/stdout) takes what --format says."""
+    if output is None or fmt in (None, "table"):
+        return
+    suffix = Path(os.fspath(output)).suffix.lower().lstrip(".")
+    named = EXTENSIONS.get(suffix)
+    if named is not None and named != fmt:
+        from lmsys.core.errors import LmsysError
+
+        raise LmsysError(f"--format {fmt} and --output {output} disagree: a .{suffix} file holds {named}",
+                         hint=f"leave out --format (the extension picks {named}), or name the file .{fmt}")
+
+
 def _text(reports: list[Report], fmt: str) -> str:
     if fmt == "json" and len(reports) > 1:
         return json.dumps([_json_doc(r) for r in reports], indent=2, default=str) + "\n"
+    if fmt == "csv":
+        return to_csv(reports)
     return "\n".join(_RENDERERS[fmt](r) for r in reports)
 
 

@@ -142,7 +142,9 @@ def check_rank_memory(bytes_per_rank: int, world_sizes: list[int], backend: str,
         ranks = 1 if under_torchrun() else max(world_sizes)  # under torchrun, only this node's rank is known
         need, where = bytes_per_rank * ranks, f"{format_bytes(free)} of RAM is available for {ranks} rank(s)"
     if free is not None and need > free:
-        raise LmsysError(f"{what} needs about {format_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
+        from lmsys.core.parsing import about_bytes
+
+        raise LmsysError(f"{what} needs {about_bytes(need)} ({format_bytes(bytes_per_rank)} per rank); "
                          f"{where}", hint="give smaller sizes or fewer ranks")
 
 
@@ -528,15 +530,20 @@ def worker_main(argv: list[str]) -> None:
     try:
         result = run_in_group(spec["target"], spec["kwargs"], backend=spec["backend"])
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the worker exits
-        record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time(),
+        from lmsys.core.imports import describe_user_failure
+
+        yours = describe_user_failure(exc)  # the user's code failed, or called sys.exit: one line naming it
+        record = {"rank": rank, "type": type(exc).__name__, "message": yours or str(exc), "time": time.time(),
                   "user_error": isinstance(exc, LmsysError), "hint": getattr(exc, "hint", None),
-                  "one_line": isinstance(exc, RankError)}
+                  "one_line": isinstance(exc, RankError) or yours is not None}
         consequence = _reported_elsewhere(spec, rank)
         write_atomic(f"{spec['result']}.rank{rank}.error", json.dumps(record))
         if isinstance(exc, LmsysError):
             print(f"[rank {rank}] error: {exc.message}", file=sys.stderr)
         elif isinstance(exc, RankError):
             print(f"[rank {rank}] {exc}", file=sys.stderr)
+        elif yours is not None and not consequence:
+            print(f"[rank {rank}] error: {yours}", file=sys.stderr)
         elif consequence:
             print(f"[rank {rank}] stopped after another rank's failure: {type(exc).__name__}", file=sys.stderr)
         else:

@@ -102,6 +102,10 @@ def check_plan(spec: MeshSpec, *, world_size: int, num_heads: int, kv_heads: int
             raise LmsysError(f"{what} must be >= 1, got {value}")
     if virtual_stages > 1 and schedule != "interleaved-1f1b":
         raise LmsysError(f"--virtual-stages {virtual_stages} needs --pp-schedule interleaved-1f1b")
+    if schedule == "interleaved-1f1b" and spec.pp == 1 and virtual_stages > 1:  # its chunks go round the pp ranks
+        raise LmsysError(f"--mesh {spec.label}: interleaved-1f1b with --virtual-stages {virtual_stages} passes each "
+                         "micro-batch round the pipeline ranks, and pp=1 has no pipeline",
+                         hint="give pp >= 2 in --mesh, or leave out --pp-schedule and --virtual-stages")
     chunks = spec.pp * (virtual_stages if schedule == "interleaved-1f1b" else 1)
     if num_layers < spec.pp:
         raise LmsysError(f"--mesh {spec.label}: {num_layers} layers cannot fill pp={spec.pp} stages",

@@ -116,7 +116,9 @@ def _as_attention(obj, *, label: str, what: str) -> Callable:
     inside it becomes NotImplementedByUser(label)."""
     fn = obj.apply if isinstance(obj, type) and hasattr(obj, "apply") else obj
     if not callable(fn):
-        raise LmsysError(f"{what} is a {type(obj).__name__}, not an autograd.Function or a callable "
+        from lmsys.core.parsing import a_or_an
+
+        raise LmsysError(f"{what} is {a_or_an(type(obj).__name__)}, not an autograd.Function or a callable "
                          "(q, k, v, is_causal) -> o")
 
     def run(q, k, v, is_causal):

@@ -57,6 +57,8 @@ def check_fits_in_ram(config: ModelConfig, *, batch_size: int, dtype: str = "fp3
         return
     need = train_memory_estimate(config, batch_size=batch_size, dtype=dtype)
     if need > available:
-        raise LmsysError(f"{what}: a training step needs about {need / 2**30:.1f} GiB (weights, gradients, AdamW "
-                         f"state, activations) but {available / 2**30:.1f} GiB of RAM is available",
+        from lmsys.core.parsing import about_bytes, format_bytes
+
+        raise LmsysError(f"{what}: a training step (weights, gradients, AdamW state, activations) needs "
+                         f"{about_bytes(need)}, but {format_bytes(available)} of RAM is available",
                          hint="use a smaller --size, --batch-size or --context-length, or a GPU")

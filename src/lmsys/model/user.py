@@ -138,10 +138,12 @@ def build_user_model(config, *, device):
         try:
             model = factory(**kw)
         except Exception as exc:  # noqa: BLE001 - the user's constructor: one line
-            raise LmsysError(f"--model {config.model}: building it with {', '.join(kw)} raised "
+            raise LmsysError(f"--model {config.model}: building it with {', '.join(kw) or 'no arguments'} raised "
                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
     if not isinstance(model, torch.nn.Module):
-        raise LmsysError(f"--model {config.model} returned a {type(model).__name__}, not a torch.nn.Module")
+        from lmsys.core.parsing import a_or_an
+
+        raise LmsysError(f"--model {config.model} returned {a_or_an(type(model).__name__)}, not a torch.nn.Module")
     return _user_lm()(model)
 
 

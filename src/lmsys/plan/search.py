@@ -93,6 +93,11 @@ def parse_mesh(text: str) -> dict:
         if key not in MESH_KEYS or not value:
             raise LmsysError(f"--mesh: cannot read {item!r}; use key=value with keys {', '.join(MESH_KEYS)}")
         if key in ("schedule", "checkpoint"):
+            from lmsys.plan.memory import CHECKPOINTS as ckpts, SCHEDULES as schedules
+
+            allowed = schedules if key == "schedule" else ckpts
+            if value not in allowed:
+                raise LmsysError(f"--mesh: {key}={value} is not one of {', '.join(allowed)}")
             out[key] = value
         elif key == "sp":
             if value not in ("on", "off", "1", "0", "true", "false"):
@@ -103,6 +108,9 @@ def parse_mesh(text: str) -> dict:
                 out[key] = int(value)
             except ValueError:
                 raise LmsysError(f"--mesh: {key} must be an integer, not {value!r}") from None
+            if key == "zero" and out[key] not in (0, 1, 2, 3):
+                raise LmsysError(f"--mesh: zero={value} is not a ZeRO stage; one of 0 (none), 1 (optimizer state "
+                                 "sharded), 2 (and gradients), 3 (and weights)")
             if out[key] < (0 if key == "zero" else 1):
                 raise LmsysError(f"--mesh: {key} must be {'>= 0' if key == 'zero' else 'positive'}, got {value}")
     return out
@@ -186,6 +194,9 @@ def search(m: ModelShape, *, prec: Precision, rates: Rates, cluster: Cluster, gl
 def _check_fixed(m: ModelShape, fixed: dict, *, cluster: Cluster, global_batch: int) -> None:
     dims = {k: fixed.get(k) for k in ("dp", "tp", "pp")}
     given = [v for v in dims.values() if v]
+    if dims["dp"] == 1 and fixed.get("zero", 0) > 0:
+        raise LmsysError(f"--mesh {_fixed_text(fixed)}: zero={fixed['zero']} shards over the data-parallel ranks, "
+                         "and dp=1 has one", hint="zero=0 with dp=1, or dp >= 2")
     if all(dims.values()) and dims["dp"] * dims["tp"] * dims["pp"] != cluster.gpus:
         raise LmsysError(f"--mesh dp={dims['dp']},tp={dims['tp']},pp={dims['pp']} is "
                          f"{dims['dp'] * dims['tp'] * dims['pp']} GPUs, not the {cluster.gpus} of --gpus")

@@ -55,6 +55,11 @@ def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per
         clu = srch.Cluster(part, gpus or 1, gpus_per_node or 8)
     if clu.gpus < 1:
         raise LmsysError(f"--gpus must be >= 1, got {clu.gpus}")
+    if clu.gpus > clu.gpus_per_node and clu.gpus % clu.gpus_per_node:
+        near = sorted({clu.gpus // clu.gpus_per_node * clu.gpus_per_node, -(-clu.gpus // clu.gpus_per_node)
+                       * clu.gpus_per_node})
+        raise LmsysError(f"--gpus {clu.gpus} is not a whole number of nodes of --gpus-per-node {clu.gpus_per_node}",
+                         hint=f"--gpus {' or '.join(map(str, near))}, or a --gpus-per-node that divides {clu.gpus}")
     peak = peak_tflops if peak_tflops is not None else clu.gpu.peak(dtype)
     if peak is None:
         raise LmsysError(f"{clu.gpu.name} has no {dtype} rate in the table; give --peak-tflops")

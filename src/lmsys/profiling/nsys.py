@@ -465,6 +465,10 @@ def _profile(nsys: str, app: list[str], *, out_dir: Path, name: str, trace: str,
             if result is None:
                 raise LmsysError(f"the profiled step did not finish (nsys exit {run.returncode}): "
                                  f"{last_error_line(run.output)}; full output in {log}")
+            if result.get("yours"):  # the user's model: a failed run (exit 1), said as in-process
+                from lmsys.core.errors import RunFailed
+
+                raise RunFailed(f"{result.get('error')}; full output in {log}")
             if result.get("status") != "ok":
                 raise LmsysError(f"the profiled step failed: {result.get('error')}; full output in {log}")
         if run.report is None:

@@ -64,8 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         result.write_text(json.dumps({"status": "error", "error": exc.message}))
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, then re-raised for the traceback
-        result.write_text(json.dumps({"status": "error", "error": f"{type(exc).__name__}: {exc}"}))
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the parent, then re-raised for the traceback
+        from lmsys.core.imports import describe_user_failure
+
+        yours = describe_user_failure(exc)  # the user's model failed or called sys.exit: one line, exit 1
+        result.write_text(json.dumps({"status": "error", "error": yours or f"{type(exc).__name__}: {exc}",
+                                      "yours": yours is not None}))
+        if yours is not None:
+            print(f"error: {yours}", file=sys.stderr)
+            return 1
         raise
     result.write_text(json.dumps({"status": "ok"}))
     return 0
