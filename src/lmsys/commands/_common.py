@@ -79,15 +79,15 @@ def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, de
 
 def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
     """Render one Report or a list of them; with --output, say where the file went. A row whose status
-    is an error (not an OOM or `unsupported`: those are results) makes the run a failure: one line after
-    the table, exit 1."""
+    is an error or `wrong (...)` (a checked result that is not right; not an OOM or `unsupported`: those are
+    results) makes the run a failure: one line after the table, exit 1."""
     from lmsys.core.results import Report, render
 
     render(reports, fmt, output)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
     rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
-    failed = [row for row in rows if str(row.get("status", "")).startswith("error")]
+    failed = [row for row in rows if str(row.get("status", "")).startswith(("error", "wrong"))]
     if failed:
         typer.echo(f"error: {len(failed)} of {len(rows)} rows failed; the status column says why", err=True)
         raise typer.Exit(1)
