@@ -252,7 +252,7 @@ def contract_cases(count: int, *, seed: int, dtypes: list[str], max_len: int, im
     kept = [d for d in CONTRACT_DTYPES if d in dtypes]
     cases = []
     for i in range(count):
-        turn = i + i // len(dims)
+        turn = i // len(dims) + i % len(dims)  # the dtype turns against the head dims: every pair appears
         d = dims[i % len(dims)]
         dtype = kept[turn % len(kept)] if supported(impl, d, kept[turn % len(kept)]) else _pick_dtype(impl, d, kept, turn)
         causal, same = CONTRACT_FLAGS[(i // 2 + i // 8) % len(CONTRACT_FLAGS)]

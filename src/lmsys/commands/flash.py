@@ -63,12 +63,12 @@ def check(
     dtypes = parse_list(dtype, flash_check.check_dtype, what="--dtype") if dtype else flash_check.device_dtypes(dev)
     length = flash_check.default_max_len(dev) if max_len is None else max_len
     pins = flash_check.Pins(**pinned)
+    for one in names:
+        flash_check.check_pins(one, pins)
     tiers, tier_notes = flash_check.plan_tiers(tier, pins, dtypes)
     for note in tier_notes:
         typer.echo(note, err=True)
     rows, verdicts, failed_impls = [], [], []
-    for one in names:
-        flash_check.check_pins(one, pins)
     for one in names:
         user = flash_check.is_user(one)
         drawn = (flash_check.contract_cases(cases, seed=seed, dtypes=dtypes, max_len=length, impl=one, pins=pins)
