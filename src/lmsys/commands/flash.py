@@ -18,7 +18,7 @@ def check(
     impl: Annotated[Optional[str], typer.Option(help="flash-torch | flash-triton | yours-torch | yours-triton (with --adapters) | pkg.module:Name or file.py:Name (your autograd.Function or callable (q, k, v, is_causal) on [batch, seq, d]); comma-separate several; `list` lists them. Default: flash-triton on a GPU (or under TRITON_INTERPRET=1), else flash-torch; with --adapters, yours-torch,yours-triton (yours-torch alone where flash-triton is not the default).")] = None,
     adapters: Annotated[Optional[str], typer.Option("--adapters", help="Your CS336 adapters module (a .py file or a module name): --impl yours-torch, yours-triton.")] = None,
     device: DeviceOpt = "auto",
-    cases: Annotated[int, typer.Option(help="Random cases (shapes, dtypes, causality) to run.")] = 12,
+    cases: Annotated[int, typer.Option(help="Cases per tier (shapes, dtypes, causality drawn from the seed).")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the shapes and of the inputs.")] = 0,
     max_len: Annotated[Optional[int], typer.Option(help="Longest n_queries / n_keys. Default: 300 on a GPU, 80 on a CPU.")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Only these dtypes, comma-separated (fp32, bf16, fp16). Default: every one the device supports.")] = None,
