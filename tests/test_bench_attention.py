@@ -177,11 +177,11 @@ def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
     expected = [{f: getattr(default, f) for f in fields} for _ in range(3)]
     expected[1]["persistent"] = True
     expected[2].update(deterministic=False, tma=True)
-    # per variant: the memory step and one timed step, each a forward and a backward
-    per_variant = [seen[i:i + 4] for i in range(0, len(seen), 4)]
-    assert len(seen) == 12
+    # per variant: the checked first step, the memory step and one timed step, each a forward and a backward
+    per_variant = [seen[i:i + 6] for i in range(0, len(seen), 6)]
+    assert len(seen) == 18
     for calls, want in zip(per_variant, expected):
-        assert [kind for kind, _ in calls] == ["fwd", "bwd", "fwd", "bwd"]
+        assert [kind for kind, _ in calls] == ["fwd", "bwd"] * 3
         assert all({f: getattr(p, f) for f in fields} == want for _, p in calls)
     for r in rows:
         flops = attention_flops(batch=1, heads=2, n_queries=24, n_keys=24, d_head=16, causal=True,

@@ -142,11 +142,14 @@ def test_attention_that_raises_is_a_row_in_error_and_the_others_run(lmsys):
     r = lmsys("flash", "check", "--impl", f"{BUGS}:crashing_attention,flash-torch", "--cases", "2", "--format", "json")
     assert r.code == 1, r.err
     rows = _rows(r)
-    assert [row["impl"] for row in rows] == [f"{BUGS}:crashing_attention"] * 2 + ["flash-torch"] * 2
-    for row in rows[:2]:
+    assert [row["impl"] for row in rows] == [f"{BUGS}:crashing_attention"] * 4 + ["flash-torch"] * 4  # 2 per tier
+    assert [row["tier"] for row in rows] == ["contract", "contract", "robust", "robust"] * 2
+    for row in rows[:4]:
         assert row["result"] == "FAIL" and row["off"] == ("raised ValueError: Pointer argument (at 0) cannot be "
                                                           "accessed from Triton (cpu tensor?)")
-    assert all(row["result"] == "pass" and row["dK err"] < row["tol"] for row in rows[2:])
+    assert all(row["result"] == "pass" and row["dK err"] < row["tol"] for row in rows[4:])
+    assert (f"{BUGS}:crashing_attention: FAILS the CS336 contract 0/2: raised ValueError: Pointer argument (at 0) "
+            "cannot be accessed from Triton (cpu tensor?).") in json.loads(r.out)["notes"]
     r = lmsys("bench", "attention", "--impl", f"{BUGS}:crashing_attention,naive", "--d-head", "16", "--seq-len", "32",
               "--steps", "1", "--warmup", "0", "--format", "md")
     assert r.code == 1 and "1 of 2 rows failed" in r.err
@@ -193,6 +196,179 @@ def test_users_attention_takes_heads_and_shared_heads(seed):
     out = attention(q, k, v, True, f"{BUGS}:WrongDK")
     ref, _ = reference_attention(q, k, v, True)
     assert out.shape == q.shape and (out.double() - ref).abs().max() < 1e-5
+
+
+# ----------------------------------------------------------------------------- CS336's contract, the Triton they have
+
+CS336_REPO = BYO / "cs336_layout"  # repo/pyproject.toml, repo/mypkg/, repo/tests/adapters.py importing mypkg
+CS336_ADAPTERS, CS336_MISSING_SCALE = (str(CS336_REPO / "tests" / f) for f in ("adapters.py",
+                                                                               "adapters_missing_scale.py"))
+
+
+def _notes(r) -> list[str]:
+    return json.loads(r.out)["notes"]
+
+
+def test_handout_pytorch_fa2_passes_the_contract_and_fails_robust(lmsys):
+    """A PyTorch FlashAttention-2 under the handout's rules (tiles of 16, no masking, no padding, is_causal
+    ignored), imported by tests/adapters.py from its repository's root: the CS336 contract passes (the
+    causal cases as `ignores is_causal`, not FAIL), the awkward shapes fail, and the exit code follows the
+    contract; the robust line says which lengths fail, derived from the cases."""
+    r = lmsys("flash", "check", "--adapters", CS336_ADAPTERS, "--impl", "yours-torch", "--format", "json")
+    assert r.code == 0, r.err
+    rows = _rows(r)
+    contract, robust = ([row for row in rows if row["tier"] == tier] for tier in ("contract", "robust"))
+    assert len(contract) == len(robust) == 12
+    for row in contract:
+        assert row["result"] == ("ignores is_causal (allowed by the handout)" if row["causal"] else "pass"), row
+        assert row["CS336 saved L"] == "yes" and row["dK err"] <= row["tol"]
+    assert all(row["result"] == "FAIL" for row in robust)
+    ignored = sum(row["causal"] for row in contract)
+    assert 0 < ignored < 12
+    notes = _notes(r)
+    assert f"yours-torch: passes the CS336 contract 12/12 ({ignored} ignore is_causal, allowed by the handout)." in notes
+    assert "yours-torch: robust 0/12: lengths not a multiple of 16: O, L, dQ, dK, dV off." in notes
+    # the robust tier alone gates the exit code when it is what ran
+    r = lmsys("flash", "check", "--adapters", CS336_ADAPTERS, "--impl", "yours-torch", "--tier", "robust",
+              "--cases", "2", "--format", "json")
+    assert r.code == 1 and [row["tier"] for row in _rows(r)] == ["robust", "robust"]
+
+
+def test_missing_dk_scale_fails_the_contract_naming_dk_and_the_factor(lmsys):
+    r = lmsys("flash", "check", "--adapters", CS336_MISSING_SCALE, "--impl", "yours-torch", "--tier", "contract",
+              "--format", "json")
+    assert r.code == 1, r.err
+    rows = _rows(r)
+    assert len(rows) == 12
+    for row in rows:
+        assert row["result"] == "FAIL" and row["off"].startswith("dK [") and row["O err"] <= row["tol"]
+        factor = math.sqrt(row["d"])
+        shown = f"{factor:.1f}"
+        assert f"dK is {shown}× the reference: a missing scale (1/√d, d {row['d']})" in row["off"], row["off"]
+        assert all(row[f"{t} err"] <= row["tol"] for t in ("L", "dQ", "dV"))
+    assert "yours-torch: FAILS the CS336 contract 0/12: dK is 4.0–11.3× the reference: a missing scale (1/√d)." \
+           in _notes(r)
+    r = lmsys("flash", "check", "--adapters", CS336_MISSING_SCALE, "--impl", "yours-torch", "--tier", "contract",
+              "--d-head", "64", "--cases", "2", "--format", "md")
+    assert r.code == 1 and "yours-torch: FAILS the CS336 contract 0/2: dK is 8.0× the reference: a missing scale" in r.out
+
+
+def test_triton_kernel_on_block_pointers_gets_the_triton_it_needs(lmsys):
+    """The handout's Triton API (tl.make_block_ptr) under the installed Triton: on triton >= 3.9, which
+    removed it, one status row naming the API, the version and what to install (exit 1: nothing checked);
+    on an older Triton (3.6 in CI's second run) the kernel runs and passes the contract, its bf16 cases
+    included (Triton's interpreter multiplies bf16 as integers unless lmsys widens them)."""
+    from lmsys.kernels import triton_compat
+
+    r = lmsys("flash", "check", "--adapters", CS336_ADAPTERS, "--impl", "yours-triton", "--tier", "contract",
+              "--format", "json")
+    rows = _rows(r)
+    version = triton_compat.triton_version()
+    if triton_compat._release(version) >= (3, 9):
+        status = f"needs tl.make_block_ptr, removed in triton 3.9 (installed: {version}): pip install 'triton<3.9'"
+        assert r.code == 1 and [row["result"] for row in rows] == [status]
+        assert f"yours-triton: not checked: {status}." in _notes(r)
+    else:
+        assert r.code == 0, (r.err, rows)
+        assert len(rows) == 12 and all(row["result"] == "pass" for row in rows)  # is_causal honoured
+        assert {row["dtype"] for row in rows} == {"fp32", "bf16"}
+        assert "yours-triton: passes the CS336 contract 12/12." in _notes(r)
+
+
+def test_triton_api_errors_are_named_only_where_the_api_is_gone(monkeypatch):
+    from lmsys.kernels import triton_compat
+
+    try:
+        try:
+            raise NotImplementedError("Block pointers have been removed in favor of the tensor descriptor API")
+        except NotImplementedError as exc:
+            raise RuntimeError("InterpreterError(NotImplementedError(...))") from exc
+    except RuntimeError as wrapped:
+        error = wrapped
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: "3.9.0")
+    found = triton_compat.missing_api(error)
+    assert found.status == "needs tl.make_block_ptr, removed in triton 3.9 (installed: 3.9.0): pip install 'triton<3.9'"
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: "3.6.0")
+    assert triton_compat.missing_api(error) is None  # 3.6 has block pointers: the error is the user's
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: "3.10.0")
+    assert triton_compat.missing_api(AttributeError("module 'triton.language' has no attribute 'advance'")).api == "advance"
+    assert triton_compat.missing_api(ValueError("Shape element 1 must be a power of 2")) is None
+
+
+def test_interpreter_on_an_incompatible_numpy_is_one_line_naming_both(lmsys, monkeypatch):
+    """Triton 3.6/3.7's interpreter on numpy >= 2.4 (nested InterpreterErrors around a TypeError): lmsys patches
+    the conversion, and where the error still comes it is one line naming both versions (exit 2)."""
+    import numpy
+
+    from lmsys.bench import flash_check
+    from lmsys.kernels import triton_compat
+
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: "3.6.0")
+
+    def nested(*args, **kwargs):  # what triton 3.6's interpreter raised on flash-triton before the patch
+        try:
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        except TypeError as exc:
+            raise RuntimeError("InterpreterError('InterpreterError(\"TypeError(...)\")')") from exc
+
+    monkeypatch.setattr(flash_check, "_saved_lse", nested)
+    r = lmsys("flash", "check", "--impl", "flash-torch", "--device", "cpu", "--cases", "1")
+    line = one_line(r)
+    assert line == (f"error: Triton 3.6.0's interpreter (TRITON_INTERPRET=1) does not run with numpy "
+                    f"{numpy.__version__}: it converts one-element arrays to Python ints, which numpy 2.4 made an error")
+    assert "hint: pip install 'numpy<2.4', or triton>=3.8" in r.err
+    assert triton_compat.numpy_mismatch(ValueError("something else")) is None
+
+
+def test_interpreter_bf16_dots_are_widened(seed):
+    """Triton's interpreter multiplies bfloat16 tiles as integers; patch_interpreter widens them, so a
+    plain bf16 tl.dot (what a student's kernel does) gives the product."""
+    import triton
+    import triton.language as tl
+
+    from lmsys.kernels import triton_compat, triton_interpreted
+
+    if not triton_interpreted():
+        pytest.skip("the interpreter's bug: nothing to patch on a GPU")
+    triton_compat.patch_interpreter()
+
+    @triton.jit
+    def matmul16(A, B, C):
+        rows, cols = tl.arange(0, 16)[:, None] * 16, tl.arange(0, 16)[None, :]
+        c = tl.dot(tl.load(A + rows + cols), tl.load(B + rows + cols))
+        tl.store(C + rows + cols, c)
+
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(16, 16, generator=gen).bfloat16() for _ in range(2))
+    c = torch.empty(16, 16)
+    matmul16[(1,)](a, b, c)
+    assert (c - a.float() @ b.float()).abs().max() < 1e-4
+
+
+def test_adapters_put_their_repository_root_on_the_path(tmp_path):
+    from lmsys.core.imports import project_roots
+
+    assert project_roots(CS336_REPO / "tests") == [CS336_REPO]
+    assert project_roots(BYO) == []  # lmsys's own tests/fixtures/byo: its repository is three levels up
+    (tmp_path / "src").mkdir()
+    (tmp_path / "setup.cfg").write_text("")
+    (tmp_path / "tests").mkdir()
+    assert project_roots(tmp_path / "tests") == [tmp_path, tmp_path / "src"]
+
+
+def test_bench_attention_checks_every_row(lmsys):
+    """An attention that ignores the mask is timed, and its row says it is wrong (exit 1); the right ones
+    say ok."""
+    r = lmsys("bench", "attention", "--impl", f"naive,flash-torch,{BUGS}:unmasked_attention,{BUGS}:WrongDK",
+              "--causal", "--d-head", "16", "--seq-len", "32", "--heads", "2", "--kv-heads", "1", "--steps", "1",
+              "--warmup", "0", "--format", "json")
+    assert r.code == 1 and "2 of 4 rows failed" in r.err
+    status = {row["impl"]: row["status"] for row in _rows(r)}
+    assert status["naive"] == status["flash-torch"] == "ok"
+    assert status[f"{BUGS}:unmasked_attention"].startswith("wrong (O err ")
+    assert status[f"{BUGS}:WrongDK"].startswith("wrong (dK err 5.0e-01") and "O err" not in status[f"{BUGS}:WrongDK"]
+    assert all(row["fwd ms"] is not None for row in _rows(r))  # timed all the same
+    assert any("status: each row's first step is checked" in note for note in _notes(r))
 
 
 # ----------------------------------------------------------------------------- ddp train

@@ -5,7 +5,8 @@ with `kv_heads` heads instead when given: grouped-query attention; FLOPs are the
 `warmup` untimed steps, `steps` steps each time one forward and one backward (torch.autograd.grad of the
 output against a random dO) with the one timer (CUDA events). Memory, from PyTorch's allocator on a GPU:
 the peak during a forward, what is allocated just before the backward (inputs + saved tensors + output),
-and the peak during the backward. An out-of-memory configuration yields a row with status 'oom' and the
+and the peak during the backward. Every row is checked: the first step's output and gradients against a
+float64 reference (`check_step`), and a wrong one gets status `wrong (O err 3.1e-01)` (exit 1). An out-of-memory configuration yields a row with status 'oom' and the
 sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d forward, 2.5× that backward,
 halved when causal.
 
@@ -252,9 +253,11 @@ def run_sweeps(sweeps: list[Sweep], *, device) -> Iterator[dict]:
 
 def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
     """The measured row of `key` (impl, batch, heads, d, seq), or its status: OOM, unsupported, a user's
-    `not implemented (...)` or the error the user's attention raised."""
+    `not implemented (...)`, the error the user's attention raised, or the Triton API it needs that the
+    installed Triton lacks. Triton's interpreter failing on the installed numpy ends the command (exit 2)."""
     from lmsys.core.devices import free_memory, is_oom
     from lmsys.core.imports import NotImplementedByUser
+    from lmsys.kernels import triton_compat
     from lmsys.kernels.registry import USER
 
     measured = ("fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "peak fwd MiB",
@@ -265,8 +268,17 @@ def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
                                  policy=changes)}
     except NotImplementedByUser as exc:
         row = {**key, "status": exc.status}
+    except triton_compat.TritonTooNew as exc:  # nothing measured, and not the user's code: an error, said whole
+        row = {**key, "status": f"error: {exc.status}"}
+    except LmsysError:
+        raise
     except Exception as exc:  # noqa: BLE001 - OOM and unavailable backends; a user's failing code
-        if is_oom(exc):
+        numpy, too_new = triton_compat.numpy_mismatch(exc), triton_compat.missing_api(exc)
+        if numpy is not None:  # Triton's interpreter on this numpy: nothing Triton will run
+            raise numpy from None
+        if too_new is not None and key["impl"] in USER:
+            row = {**key, "status": f"error: {too_new.status}"}
+        elif is_oom(exc):
             row = {**key, "status": "OOM"}
         elif _unavailable(exc):
             row = {**key, "status": "unsupported"}
@@ -313,6 +325,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
             return FlashAttentionTriton.apply(q, k, v, sweep.causal, None, changed)
 
     progress.plan_steps(sweep.warmup + sweep.steps, "fwd+bwd steps")
+    verdict = check_step(forward(), inputs, do, sweep.causal, sweep.dtype)  # the first step, checked
     for _ in range(sweep.warmup):  # compilation and autotuning happen here
         torch.autograd.grad(forward(), inputs, do)
         progress.step()
@@ -354,8 +367,38 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         "peak fwd MiB": _mib(peak_fwd),
         "before bwd MiB": _mib(before_bwd),
         "peak bwd MiB": _mib(peak_bwd),
-        "status": "ok",
+        "status": verdict,
     }
+
+
+def check_step(out, inputs: tuple, do, causal: bool, dtype: str) -> str:
+    """'ok', or 'wrong (O err 3.1e-01)': the output and gradients of one step against the float64 reference
+    (flash check's error and tolerance), on batch element 0 and the query heads that share key/value head
+    0, on the inputs' device: exact for those heads (their dQ, dK, dV depend on nothing else) at the cost of
+    one head group's score matrix. A reference that does not fit says so and leaves the row unchecked."""
+    import torch
+
+    from lmsys.bench.flash_check import TOLERANCE, relative_error
+    from lmsys.core.devices import is_oom
+    from lmsys.kernels.attention import reference_attention
+
+    q, k, v = inputs
+    grads = torch.autograd.grad(out, inputs, do)
+    group = q.shape[-3] // k.shape[-3]
+    mine = (out[0, :group], grads[0][0, :group], grads[1][0, :1], grads[2][0, :1])
+    try:  # float64 on the inputs' device: one head group's scores (2 GiB at 16,384 keys)
+        q0, k0, v0 = (x[0, :n].detach().to(torch.float64).requires_grad_() for x, n in ((q, group), (k, 1), (v, 1)))
+        o_ref, _ = reference_attention(q0, k0, v0, causal, device=q.device)
+        refs = (o_ref, *torch.autograd.grad(o_ref, (q0, k0, v0), do[0, :group].to(o_ref.dtype)))
+    except Exception as exc:  # noqa: BLE001 - only an out-of-memory reference is survivable
+        if not is_oom(exc):
+            raise
+        return "ok (unchecked: the reference ran out of memory)"
+    tol = TOLERANCE[dtype]
+    errors = {name: relative_error(got, ref) for name, got, ref in zip(("O", "dQ", "dK", "dV"), mine, refs)}
+    del refs, grads
+    bad = [f"{name} err {err:.1e}" for name, err in errors.items() if not err <= tol]
+    return f"wrong ({', '.join(bad)})" if bad else "ok"
 
 
 def _mib(n: int | None) -> float | None:

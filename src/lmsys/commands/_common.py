@@ -82,8 +82,8 @@ def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, de
 
 def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
     """Render one Report or a list of them; with --output, say where the file went. Then the rows decide
-    the exit code (`lmsys.core.results.outcome`): a row whose status is an error or a non-finite loss
-    makes the run a failure, and so does a run where every row ran out of memory (an OOM row beside rows
+    the exit code (`lmsys.core.results.outcome`): a row whose status is an error, `wrong (...)` (a checked
+    result that is not right) or a non-finite loss makes the run a failure, and so does a run where every row ran out of memory (an OOM row beside rows
     that ran is a result, as the seed's tables have OOM cells): one line after the table, exit 1."""
     from lmsys.core.results import outcome, render
 

@@ -2,8 +2,10 @@
 for one object, `pkg.module` or `path/to/file.py` for a whole module (a CS336 adapters file).
 
 A file is imported by path (importlib.util.spec_from_file_location) under a name of its own, with its
-folder on sys.path so that it can import its neighbours. A module that does not import is one LmsysError
-naming the file, the line and the error.
+folder on sys.path so that it can import its neighbours, and the repository it lives in (the nearest folder
+one or two levels above holding a pyproject.toml, and its src/) so that it can import the package there:
+CS336's tests/adapters.py imports the student's package from the repository root. A module that does not
+import is one LmsysError naming the file, the line and the error.
 
 Every module loaded here is remembered with the option that named it (`--model mine.py:Net`), so that a
 failure of the user's code, wherever lmsys calls it (a row, a rank, a constructor), is told in one way
@@ -136,9 +138,9 @@ def _load_file(path: Path, *, what: str) -> ModuleType:
     name = f"lmsys_user_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
-    folder = str(resolved.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)
+    for folder in [str(resolved.parent)] + [str(root) for root in project_roots(resolved.parent)]:
+        if folder not in sys.path:
+            sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
         raise LmsysError(f"{what} {path}: cannot be imported as a Python file")
@@ -150,6 +152,20 @@ def _load_file(path: Path, *, what: str) -> ModuleType:
         del sys.modules[name]
         raise LmsysError(f"{what} {_where(exc, resolved)}") from None
     return module
+
+
+PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def project_roots(folder: Path, *, levels: int = 2) -> list[Path]:
+    """The repository a file lives in, for its imports: the nearest folder up to `levels` above `folder`
+    holding a pyproject.toml (or setup.py / setup.cfg), and its src/ where the package lives there. CS336's
+    layout: repo/tests/adapters.py imports the student's package at repo/ (cs336_systems)."""
+    for root in list(folder.parents)[:levels]:
+        if any((root / name).is_file() for name in PROJECT_FILES):
+            src = root / "src"
+            return [root] + ([src] if src.is_dir() and not (src / "__init__.py").exists() else [])
+    return []
 
 
 def _where(exc: BaseException, path: Path | None) -> str:

@@ -240,11 +240,11 @@ NON_FINITE_LOSS = "non-finite loss"  # a row's status when its loss is NaN or in
 
 def outcome(reports: Report | list[Report]) -> str | None:
     """What makes a run with these rows a failure (exit 1), in one line, or None: rows whose status is an
-    error or a non-finite loss; or every row out of memory (an OOM row beside rows that ran is a result:
+    error, `wrong (...)` (a checked result that is not right) or a non-finite loss; or every row out of memory (an OOM row beside rows that ran is a result:
     the largest sizes of a sweep are expected not to fit)."""
     rows = [row for report in ([reports] if isinstance(reports, Report) else reports) for row in report.rows]
     statuses = [str(row.get("status", "")) for row in rows]
-    failed = [s for s in statuses if s.startswith("error") or s == NON_FINITE_LOSS]
+    failed = [s for s in statuses if s.startswith(("error", "wrong")) or s == NON_FINITE_LOSS]
     if failed:
         return f"{len(failed)} of {len(rows)} rows failed; the status column says why"
     if rows and all(s.startswith("OOM") for s in statuses):

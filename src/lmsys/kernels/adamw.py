@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from lmsys.kernels import triton_interpreted
+from lmsys.kernels import triton_compat, triton_interpreted
+
+triton_compat.patch_interpreter()  # triton 3.6/3.7's interpreter under numpy >= 2.4
 
 
 @triton.jit

@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.runtime import _allocation  # which allocator this thread has (see _set_tma_allocator)
 
 from lmsys.core.devices import capability, sm_count
-from lmsys.kernels import triton_interpreted, tuning
+from lmsys.kernels import triton_compat, triton_interpreted, tuning
 
 if TYPE_CHECKING:
     from lmsys.kernels.flash import Policy
@@ -35,6 +35,7 @@ HEAD_DIMS = tuple(range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1, HEAD_DIM_STEP))
 FP32_MAX_HEAD_DIM = 128  # fp32 tiles 256 wide overflowed an H200's shared memory whatever the config
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRET = triton_interpreted()  # read by Triton when the kernels are decorated
+triton_compat.patch_interpreter()  # triton 3.6/3.7's interpreter under numpy >= 2.4
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
