@@ -148,3 +148,95 @@ def test_hf_dropout_is_off_and_said(lmsys):
     assert "dropout off for parity (resid_pdrop 0.1, embd_pdrop 0.1, attn_pdrop 0.1" in json.loads(r.out)["meta"]["tiny"]
     kept = _config("hf:gpt2", kwargs='{"resid_pdrop": 0.1}')
     assert build_model(kept, device="meta").model.config.resid_pdrop == 0.1  # --model-kwargs wins
+
+
+# ----------------------------------------------------------------------------- the fast path on a --model
+
+
+def _workloads(model: str, *, device: str, **options):
+    from lmsys.bench import e2e
+
+    opts = e2e.step_options(torch.device(device), "fp32", fast=True, attn=None, optimizer="auto",
+                            master_weights=False, fused_ce="auto", tf32=False, **options)
+    opts.pop("attn_impl")
+    configs = e2e.sweep_configs(["tiny"], context_lengths=[16], heads=[None], model=model)
+    return e2e.resolve_workloads(configs, checkpoints=["none"], batch_sizes=[2], cuda_graphs=False, **opts)
+
+
+def test_fast_compiles_a_users_model_per_block_and_says_what_it_changed():
+    """On a GPU --fast compiles lmsys's model whole; a --model's blocks one by one (the list find_blocks
+    finds), unless --compile asked for the whole; the header names the blocks."""
+    (_, w), = _workloads(NANOGPT, device="cuda", compile_scope=None)
+    assert w.compile == "blocks" and w.optimizer == "adamw-fused" and w.tf32
+    assert w.describe() == "compile each block (transformer.h: 2 × Block), fused AdamW, TF32"
+    (_, w), = _workloads(NANOGPT, device="cuda", compile_scope="model")
+    assert w.compile == "model" and w.describe().startswith("compile the whole model and loss")
+    (_, w), = _workloads("lmsys", device="cuda", compile_scope=None)
+    assert w.compile == "model"
+
+
+def test_compile_is_announced_on_stderr_in_one_line(capsys, monkeypatch):
+    from lmsys.core import progress
+
+    monkeypatch.delenv("RANK", raising=False)
+    with progress.announced("compiling each block of M (transformer.h: 2 × Block)"):
+        pass
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("compiling each block of M (transformer.h: 2 × Block) ... ")
+    assert err.rstrip().endswith(" s")
+    progress.set_quiet(True)
+    try:
+        with progress.announced("compiling"):
+            pass
+    finally:
+        progress.set_quiet(False)
+    assert capsys.readouterr().err == ""
+
+
+def test_compare_on_a_users_model_adds_lmsys_at_the_same_sizes():
+    from lmsys.bench import e2e
+
+    (_, w), = _workloads(GPTFAST, device="cuda", compile_scope=None)
+    (eager_path, eager), (fast_path, fast) = e2e.lmsys_workloads(w, torch.device("cuda"))
+    assert (eager_path, fast_path) == ("lmsys eager", "lmsys --fast")
+    for ref in (eager, fast):
+        assert ref.config.model == "lmsys" and ref.config.model_kwargs == ""
+        assert (ref.config.d_model, ref.config.num_layers, ref.config.context_length, ref.batch_size) == (128, 2, 16, 2)
+    assert eager.compile == "none" and eager.config.attn_impl == "naive"
+    assert fast.compile == "model" and fast.config.attn_impl == "sdpa" and fast.optimizer == "adamw-fused"
+    assert e2e.lmsys_workloads(eager, torch.device("cuda")) == []  # lmsys's own: nothing to add
+    from lmsys.core.results import MeanStd
+
+    def row(path, ms):
+        return {"path": path, "mode": "train", "ms/step": MeanStd(ms, 0.0, ms), "status": "ok"}
+
+    refs = [row("plain eager", 200.0), row("plain compiled", 120.0), row("lmsys eager", 150.0),
+            row("lmsys --fast", 73.2)]
+    group = [*refs, row("your model", 106.3)]
+    e2e._add_speedups(group, refs)
+    assert group[-1]["× vs lmsys --fast"] == pytest.approx(73.2 / 106.3)
+    assert list(group[-1])[-1] == "status"
+
+
+def test_attention_is_named_from_the_kernels_or_operators():
+    from lmsys.profiling.summary import Timed, TimeProfile, attention_seen
+
+    def seen(*names, unit="kernel"):
+        return attention_seen(TimeProfile(engine="nsys", unit=unit, top=[Timed(n, 1, 1.0) for n in names]))
+
+    assert seen("ampere_sgemm_128x64_tn", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(")\
+        .startswith("sdpa: flash (pytorch_flash::flash_fwd_kernel")
+    assert seen("fmha_cutlassF_f32_aligned_64x64_rf_sm80(").startswith("sdpa: memory-efficient")
+    assert seen("aten::_scaled_dot_product_flash_attention_for_cpu", unit="operator").startswith("sdpa: flash")
+    assert seen("aten::_log_softmax", "aten::mm", unit="operator") is None  # cross-entropy is not attention
+    assert seen("aten::_log_softmax", "aten::_softmax", unit="operator") == "naive: matmul + softmax (aten::_softmax)"
+
+
+@pytest.mark.parametrize("model, words", [(f"{MODELS}:NaiveLM", "attention naive: matmul + softmax (aten::_softmax"),
+                                          (f"{MODELS}:CS336LM", "attention sdpa: flash (aten::_scaled_dot_product")])
+def test_profile_nsys_names_the_attention_a_users_model_runs(lmsys, tmp_path, model, words):
+    r = lmsys("profile", "nsys", "--model", model, "--engine", "torch", "--device", "cpu", "--context-length", "16",
+              "--batch-size", "2", "--steps", "1", "--warmup", "0", "--out-dir", str(tmp_path), "--format", "json")
+    assert r.code == 0, r.err
+    text = r.out
+    assert words in text and "from its operators" in text

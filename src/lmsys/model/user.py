@@ -515,6 +515,22 @@ def _meta_counts(config, seq_len: int) -> tuple[int, int, int, int]:
     return params, module_matmul_params(model), layers, d_model
 
 
+@lru_cache(maxsize=None)
+def blocks_of(config) -> str | None:
+    """'transformer.h: 48 × Block': where the model's blocks are (find_blocks, on the meta device), or None."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_user_model(config, device="meta")
+    blocks = find_blocks(model)
+    if blocks is None:
+        return None
+    first = blocks[0]
+    path = next((name.removeprefix("model.").rsplit(".", 1)[0] for name, m in model.named_modules() if m is first),
+                "?")
+    return f"{path}: {len(blocks)} × {type(first).__name__}"
+
+
 def check_builds(config) -> None:
     """A user's model built on the meta device now: a constructor that fails is one line before any work."""
     if is_user_model(config):
