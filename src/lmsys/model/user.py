@@ -515,6 +515,90 @@ def _meta_counts(config, seq_len: int) -> tuple[int, int, int, int]:
     return params, module_matmul_params(model), layers, d_model
 
 
+TP_STYLES = ("colwise", "rowwise")  # torch's ColwiseParallel / RowwiseParallel (Hugging Face's plan words)
+
+
+def tp_plan(config, plan_file: str | None = None) -> dict | None:
+    """The tensor-parallel plan of `config.model`, {module pattern under UserLM: style}: `plan_file` (YAML,
+    patterns relative to the model: `layers.*.attn.q: colwise`), else the plan the model declares (Hugging
+    Face's config `base_model_tp_plan`, relative to its base model; a class attribute `base_model_tp_plan`
+    or `tp_plan`); None when there is none. A style other than TP_STYLES is one line."""
+    if plan_file is not None:
+        import yaml
+
+        path = Path(plan_file).expanduser()
+        if not path.is_file():
+            raise LmsysError(f"--tp-plan: no such file {plan_file}")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise LmsysError(f"--tp-plan {plan_file}: not valid YAML ({exc.__class__.__name__})") from None
+        if not isinstance(data, dict) or not data:
+            raise LmsysError(f"--tp-plan {plan_file}: expected a mapping of module patterns to colwise | rowwise")
+        plan, prefix, where = data, "model.", f"--tp-plan {plan_file}"
+    elif config.model in HF_MODELS:
+        plan_owner = constructor_plan(config).config_class()
+        plan = getattr(plan_owner, "base_model_tp_plan", None)
+        import transformers
+
+        base = getattr(transformers, HF_MODELS[config.model][1]).base_model_prefix
+        prefix, where = f"model.{base}.", f"{config.model}'s base_model_tp_plan"
+    else:
+        factory = load_object(config.model, what="--model")
+        plan = getattr(factory, "base_model_tp_plan", None) or getattr(factory, "tp_plan", None)
+        prefix, where = "model.", f"{config.model}.tp_plan"
+    if not plan or not isinstance(plan, dict):
+        return None
+    odd = {k: v for k, v in plan.items() if v not in TP_STYLES}
+    if odd:
+        key, style = next(iter(odd.items()))
+        raise LmsysError(f"{where}: {key}: {style!r} is not a style lmsys applies ({' | '.join(TP_STYLES)})")
+    return {prefix + str(k): v for k, v in plan.items()}
+
+
+def check_parallel(config, spec, *, plan_file: str | None, pp_schedule: str) -> None:
+    """Before any rank starts: what a --model needs for the mesh `spec` (one line saying what is missing):
+    tp a plan (`tp_plan`), pp its blocks (at least one per stage, no weight tied across them)."""
+    if not is_user_model(config):
+        return
+    if spec.tp > 1 and tp_plan(config, plan_file) is None:
+        raise LmsysError(f"--mesh {spec.label}: tp needs a tensor-parallel plan, and --model {config.model} declares "
+                         "none (Hugging Face's base_model_tp_plan, or a tp_plan class attribute): give one with "
+                         "--tp-plan FILE.yaml (module pattern: colwise | rowwise), or drop tp")
+    if spec.pp > 1:
+        where = blocks_of(config)
+        count = int(where.rsplit(": ", 1)[1].split(" ")[0]) if where else 0
+        if count < spec.pp:
+            raise LmsysError(f"--mesh {spec.label}: pp splits --model {config.model} at its blocks, and it has "
+                             + (f"{count} ({where}) for {spec.pp} stages" if where else
+                                "no list of blocks (a ModuleList or ModuleDict of modules of one type)"))
+        if spec.tp > 1:
+            raise LmsysError(f"--mesh {spec.label}: tp and pp together on --model {config.model} are not supported "
+                             "(its pipeline stages are traced graphs): use tp or pp")
+        if pp_schedule == "interleaved-1f1b":
+            raise LmsysError(f"--pp-schedule interleaved-1f1b on --model {config.model} is not supported: use "
+                             "gpipe or 1f1b")
+        tied = tied_parameters(config)
+        if tied:
+            raise LmsysError(f"--mesh {spec.label}: --model {config.model} ties {' and '.join(tied)} (one weight), "
+                             "which pp would put on two stages: use dp or tp")
+
+
+@lru_cache(maxsize=None)
+def tied_parameters(config) -> tuple[str, ...]:
+    """Names of the first parameter the model shares between two modules (weight tying), or ()."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_user_model(config, device="meta")
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen and seen[id(p)] != name:
+            return seen[id(p)], name
+        seen.setdefault(id(p), name)
+    return ()
+
+
 @lru_cache(maxsize=None)
 def blocks_of(config) -> str | None:
     """'transformer.h: 48 × Block': where the model's blocks are (find_blocks, on the meta device), or None."""
