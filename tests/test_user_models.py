@@ -240,3 +240,72 @@ def test_profile_nsys_names_the_attention_a_users_model_runs(lmsys, tmp_path, mo
     assert r.code == 0, r.err
     text = r.out
     assert words in text and "from its operators" in text
+
+
+# ----------------------------------------------------------------------------- parallel train --model
+
+PARALLEL = ["--world-size", "2", "--backend", "gloo", "--context-length", "16", "--steps", "1", "--warmup", "1",
+            "--format", "json"]
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _mesh_rows(r):
+    assert r.code == 0, r.err
+    rows = json.loads(r.out)["rows"]
+    return [row for row in rows if row["mesh"] != "-"]
+
+
+@pytest.mark.slow
+def test_parallel_train_takes_a_users_model_on_dp_and_fsdp_and_pp(lmsys, no_torchrun):
+    for mesh, strategy in (("dp=2", "bucketed"), ("dp=2", "fsdp")):
+        r = lmsys("parallel", "train", "--model", f"{MODELS}:CS336LM", "--mesh", mesh, "--dp-strategy", strategy,
+                  "--batch-size", "2", "--microbatches", "1", *PARALLEL)
+        (row,) = _mesh_rows(r)
+        assert row["status"] == "ok" and row["parity max|Δθ|"] < 1e-4 and row["|Δloss|"] < 1e-5, row
+    r = lmsys("parallel", "train", "--model", GPTFAST, "--mesh", "pp=2", "--batch-size", "4", "--microbatches", "2",
+              *PARALLEL)
+    (row,) = _mesh_rows(r)
+    assert row["status"] == "ok" and row["parity max|Δθ|"] < 1e-4 and row["schedule"] == "1f1b, M=2", row
+
+
+@pytest.mark.slow
+def test_parallel_train_tp_by_the_plan_the_model_declares_or_a_file(lmsys, no_torchrun, tmp_path):
+    pytest.importorskip("transformers")
+    r = lmsys("parallel", "train", "--model", "hf:llama", "--mesh", "tp=2", "--batch-size", "2", "--microbatches",
+              "1", *PARALLEL)
+    (row,) = _mesh_rows(r)
+    assert row["status"] == "ok" and row["parity max|Δθ|"] < 2e-4, row
+    plan = tmp_path / "mlp.yaml"
+    plan.write_text("model.layers.*.mlp.gate_proj: colwise\nmodel.layers.*.mlp.up_proj: colwise\n"
+                    "model.layers.*.mlp.down_proj: rowwise\n")
+    from lmsys.model.user import tp_plan
+
+    assert tp_plan(_config("hf:llama"), str(plan)) == {"model.model.layers.*.mlp.gate_proj": "colwise",
+                                                       "model.model.layers.*.mlp.up_proj": "colwise",
+                                                       "model.model.layers.*.mlp.down_proj": "rowwise"}
+    r = lmsys("parallel", "train", "--model", "hf:llama", "--tp-plan", str(plan), "--mesh", "tp=2", "--batch-size",
+              "2", "--microbatches", "1", *PARALLEL)
+    (row,) = _mesh_rows(r)
+    assert row["status"] == "ok" and row["parity max|Δθ|"] < 2e-4 and row["params/rank"] < 3_000_000, row
+
+
+def test_parallel_train_says_what_a_users_model_lacks(lmsys, no_torchrun, tmp_path):
+    line = one_line(lmsys("parallel", "train", "--model", f"{MODELS}:CS336LM", "--mesh", "tp=2", *PARALLEL))
+    assert line == (f"error: --mesh dp=1,tp=2,pp=1: tp needs a tensor-parallel plan, and --model {MODELS}:CS336LM "
+                    "declares none (Hugging Face's base_model_tp_plan, or a tp_plan class attribute): give one with "
+                    "--tp-plan FILE.yaml (module pattern: colwise | rowwise), or drop tp")
+    line = one_line(lmsys("parallel", "train", "--model", NANOGPT, "--mesh", "pp=2", *PARALLEL))
+    assert "ties model.transformer.wte.weight and model.lm_head.weight (one weight), which pp would put on two " \
+           "stages" in line
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("layers.*.qkv: sequence\n")
+    line = one_line(lmsys("parallel", "train", "--model", f"{MODELS}:CS336LM", "--tp-plan", str(bad), "--mesh", "tp=2",
+                          *PARALLEL))
+    assert line == f"error: --tp-plan {bad}: layers.*.qkv: 'sequence' is not a style lmsys applies (colwise | rowwise)"
+    line = one_line(lmsys("parallel", "train", "--tp-plan", str(bad), "--mesh", "tp=2", *PARALLEL))
+    assert "--tp-plan gives the tensor-parallel plan of a --model" in line

@@ -96,6 +96,13 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
                  "hide); fsdp, the waits for its all-gathers and reduce-scatters (on a CPU the collectives "
                  "themselves). n/m: not measured (torch's rows: their collectives, compute and saved activations "
                  "run inside DTensor, pipelining and FSDP2, out of reach of lmsys's timer); —: nothing to measure.")
+    from lmsys.model.user import is_user_model
+
+    if is_user_model(config):
+        notes.append(f"--model {config.model}: torch's parallelisms applied from outside "
+                     "(lmsys.distributed.model_parallel.user_parallel): tp by the model's plan (DTensor), pp traced "
+                     "and split at its blocks (torch.distributed.pipelining), fsdp as FSDP2 on each block; "
+                     "bucketed is lmsys's BucketedDDP, torch-ddp torch's DDP.")
     if warmup == 0:
         notes.append("act MiB held: counted in the first timed step (--warmup 0), whose time includes a hook "
                      "per saved tensor; with a warm-up step it is counted there.")

@@ -77,7 +77,8 @@ def listing() -> list[tuple[str, str]]:
     rows += [(name, f"transformers {model}, random weights from {cfg} with the preset's sizes (the [hf] extra)")
              for name, (cfg, model, _) in HF_MODELS.items()]
     rows.append(("pkg.module:Name", "your model class or factory (or path/to/file.py:Name), ids [B, S] -> logits "
-                 "[B, S, V]; built with the sizes its signature takes"))
+                 "[B, S, V] (or a tuple starting with them); built with the sizes its signature takes, or its "
+                 "config object's fields (GPT(GPTConfig), Transformer(ModelArgs))"))
     return rows
 
 
