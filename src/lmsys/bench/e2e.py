@@ -25,16 +25,25 @@ from lmsys.train.workload import Workload
 
 MODE_CHOICES = (*MODES, "all")
 PLAIN_EAGER, PLAIN_COMPILED = "plain eager", "plain compiled"
+LMSYS_EAGER, LMSYS_FAST = "lmsys eager", "lmsys --fast"  # --compare on a --model: lmsys's own at its sizes
 
 
-def check_user_fast_path(config: ModelConfig, options: dict, checkpoints: list[str]) -> dict:
+def check_user_fast_path(config: ModelConfig, options: dict, checkpoints: list[str], *,
+                         compile_from_fast: bool = False) -> dict:
     """The fast-path switches on a --model: per-block compile and the in-backward optimizer need its list
     of blocks (found: lmsys.model.user.find_blocks); chunked cross-entropy and checkpointing need lmsys's
-    structure (hidden states and an LM head; blocks called as block(x, cos, sin)), so they are refused."""
+    structure (hidden states and an LM head; blocks called as block(x, cos, sin)), so they are refused.
+    `--fast`'s compile (`compile_from_fast`) is per block on a model whose blocks are found: a whole user
+    model compiled at once took 140-150 s at xl before its first step on an H100, its blocks 31 s."""
     from lmsys.model.user import find_blocks, is_user_model
 
     if not is_user_model(config):
         return options
+    if compile_from_fast and options.get("compile") == "model":
+        from lmsys.train.build import build_model
+
+        if find_blocks(build_model(config, device="meta")) is not None:
+            options = {**options, "compile": "blocks"}
     if options.get("fused_ce") is True:
         raise LmsysError(f"--fused-ce on needs lmsys's hidden states and LM head; --model {config.model} has "
                          "neither (use --fused-ce off)")
@@ -94,6 +103,7 @@ def step_options(device, dtype: str, *, fast: bool, attn: str | None, compile_sc
     choose(optimizer, ("auto", "adamw", "adamw-fused"), what="--optimizer")
     # attn_impl None: each config's own (a preset's naive, or what its YAML says)
     options = fast_path(device, dtype) if fast else {"attn_impl": None, "compile": "none"}
+    options["compile_from_fast"] = fast and compile_scope is None and options["compile"] != "none"
     if attn is not None:
         options["attn_impl"] = attn
     if compile_scope is not None:
@@ -135,7 +145,9 @@ def resolve_workloads(configs: list[tuple[str, ModelConfig]], *, checkpoints: li
     for name, cfg in configs:
         for batch in per_batch:
             for variant in variants or [{}]:
-                fields = check_user_fast_path(cfg, {**options, **batch, **variant}, checkpoints)
+                fields = {**options, **batch, **variant}
+                from_fast = fields.pop("compile_from_fast", False)
+                fields = check_user_fast_path(cfg, fields, checkpoints, compile_from_fast=from_fast)
                 for policy in checkpoints:  # Workload validates the policy
                     out.append((name, Workload(cfg, checkpoint=policy, **fields)))
     return out
@@ -170,6 +182,22 @@ def reference_workloads(workload: Workload) -> list[tuple[str, Workload]]:
     return [(PLAIN_EAGER, plain), (PLAIN_COMPILED, replace(plain, compile="model", optimizer="adamw-fused"))]
 
 
+def lmsys_workloads(workload: Workload, device) -> list[tuple[str, Workload]]:
+    """For a --model: lmsys's own TransformerLM at the same sizes, batch and dtype, eager (naive attention,
+    AdamW) and on `--fast` (fast_path: sdpa, compile, fused AdamW, ...), so the user sees the gap."""
+    from lmsys.model.user import is_user_model
+
+    if not is_user_model(workload.config):
+        return []
+    mine = workload.config.with_overrides(model="lmsys", model_kwargs="")
+    eager = replace(workload, config=mine.with_overrides(attn_impl="naive"), compile="none", cuda_graphs=False,
+                    optimizer="adamw", master_weights=False, fused_ce=False, checkpoint="none", tf32=False,
+                    optimizer_in_backward=False, optimizer_stream=False, sm_carveout=None)
+    fast = fast_path(device, workload.dtype)
+    fast = replace(eager, config=mine.with_overrides(attn_impl=fast.pop("attn_impl")), **fast)
+    return [(LMSYS_EAGER, eager), (LMSYS_FAST, fast)]
+
+
 def expand_modes(mode: str) -> list[str]:
     choose(mode, MODE_CHOICES, what="--mode")
     return list(MODES) if mode == "all" else [mode]
@@ -186,7 +214,7 @@ def numerics(workload: Workload) -> str:
 
 
 def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: list[tuple[str, Workload]], *,
-                 warmup: int, steps: int, compare: bool) -> tuple[dict, list[str]]:
+                 warmup: int, steps: int, compare: bool, device=None) -> tuple[dict, list[str]]:
     """The meta lines and notes of a `bench e2e` report (added to `meta`, the environment). Swept values
     are listed where they vary: `context 128,256`, `batch 2,4`."""
     workload = workloads[0][1]
@@ -200,9 +228,19 @@ def describe_run(meta: dict, configs: list[tuple[str, ModelConfig]], workloads: 
     meta["lmsys path"] = " | ".join(dict.fromkeys(w.describe() for _, w in workloads))
     notes = [MFU_NOTE + (" (TF32 peak where TF32 is on)." if workload.tf32 else ".")]
     if compare:
-        meta["plain eager"] = "naive attention, torch.optim.AdamW (foreach), autocast as above"
-        meta["plain compiled"] = "torch.compile(model + loss), naive attention, torch.optim.AdamW(fused=True)"
+        from lmsys.model.user import is_user_model
+
+        user = any(is_user_model(w.config) for _, w in workloads)
+        attention = "the model's own attention" if user else "naive attention"
+        meta["plain eager"] = f"{attention}, torch.optim.AdamW (foreach), autocast as above"
+        meta["plain compiled"] = f"torch.compile(model + loss), {attention}, torch.optim.AdamW(fused=True)"
         notes.append("× vs eager / × vs compiled: the reference's step time over this row's (same process, same data).")
+        if user and device is not None:
+            lm = [(p, w) for _, w0 in workloads[:1] for p, w in lmsys_workloads(w0, device)]
+            for path, w in lm:
+                meta[path] = f"lmsys's TransformerLM at the same sizes: {w.describe()}"
+            notes.append("× vs lmsys --fast: lmsys's own model on --fast at the same sizes, its step time over this "
+                         "row's (below 1: this row is that many times lmsys's speed).")
     return meta, notes
 
 
@@ -225,6 +263,7 @@ def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: 
     """Yield rows per (workload, path, mode). With `compare`, the plain references run first, once per
     model configuration (checkpoint policies share them), and lmsys rows carry the speed-ups.
     `peak_tflops`: the peak MFU divides by (default: the GPU table's; a GPU it lacks: no MFU)."""
+    from lmsys.model.user import is_user_model
     from lmsys.train.build import count_parameters
 
     show_checkpoint = any(w.checkpoint != "none" for _, w in workloads)
@@ -238,12 +277,14 @@ def run_e2e(workloads: list[tuple[str, Workload]], *, modes: list[str], warmup: 
         if compare and ref_key not in references:
             references[ref_key] = [
                 _ident(name, path, ref if show_checkpoint else None, swept=swept, of=workload) | row
-                for path, ref in reference_workloads(workload)
-                for row in _measure_or_oom(ref, params, **measure)
+                for path, ref in reference_workloads(workload) + lmsys_workloads(workload, device)
+                for row in _measure_or_oom(ref, params if path.startswith("plain") else
+                                           count_parameters(ref.config), **measure)
             ]
             group += references[ref_key]
         for row in _measure_or_oom(workload, params, **measure):
-            group.append(_ident(name, "lmsys" if compare else None, workload if show_checkpoint else None,
+            mine = "your model" if is_user_model(workload.config) else "lmsys"  # beside lmsys's own rows
+            group.append(_ident(name, mine if compare else None, workload if show_checkpoint else None,
                                 swept=swept, of=workload) | row)
         if compare:
             _add_speedups(group, references[ref_key])
@@ -297,6 +338,12 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
         step = build_train_step(workload, device)
         inputs, targets = random_batch(workload, device)
         peak = peak_tflops(device, workload.dtype, tf32=workload.tf32, given=given_peak)
+        if workload.compile != "none":  # one untimed step compiles, said on stderr with its seconds
+            with progress.announced(f"compiling {_compile_scope(workload)} (torch.compile, first step)"):
+                from lmsys.train.step import run_step
+
+                run_step(step, inputs, targets, mode=modes[0])
+                synchronize(device)
         for mode in modes:
             timer, peaks, last_loss = timed_steps(step, inputs, targets, mode=mode, warmup=warmup, steps=steps,
                                                   device=device)
@@ -322,6 +369,18 @@ def _measure_config(workload: Workload, params: int, *, modes, warmup, steps, de
                 "loss": float(last_loss),
                 "status": "ok" if math.isfinite(float(last_loss)) else NON_FINITE_LOSS,
             }
+
+
+def _compile_scope(workload: Workload) -> str:
+    """What torch.compile compiles in `workload`, for the stderr line: 'each of 48 blocks (transformer.h: ...)'."""
+    from lmsys.model.user import blocks_of, is_user_model
+
+    name = workload.config.model if is_user_model(workload.config) else "lmsys's model"
+    if workload.compile == "blocks":
+        where = blocks_of(workload.config) if is_user_model(workload.config) else \
+            f"layers: {workload.config.num_layers} × Block"
+        return f"each block of {name} ({where})"
+    return f"{name} and its loss whole"
 
 
 def timed_steps(step, inputs, targets, *, mode: str, warmup: int, steps: int, device):
@@ -350,7 +409,10 @@ def _add_speedups(group: list[dict], references: list[dict]) -> None:
     ref_ms = {(r["path"], r["mode"]): r["ms/step"].mean for r in references if r["status"] == "ok"}
     for r in group:
         mine = r["ms/step"].mean if r["status"] == "ok" else None
-        for ref, col in ((PLAIN_EAGER, "× vs eager"), (PLAIN_COMPILED, "× vs compiled")):
+        columns = [(PLAIN_EAGER, "× vs eager"), (PLAIN_COMPILED, "× vs compiled")]
+        if any(ref["path"] == LMSYS_FAST for ref in references):
+            columns.append((LMSYS_FAST, "× vs lmsys --fast"))
+        for ref, col in columns:
             base = ref_ms.get((ref, r["mode"]))
             r[col] = base / mine if (base and mine) else None
         r["status"] = r.pop("status")  # keep status the last column

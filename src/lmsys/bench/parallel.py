@@ -56,8 +56,11 @@ def parallel_job(ctx: RankContext, *, peak_tflops: Optional[float] = None, **kwa
 def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_strategy: str, sequence_parallel: bool,
                  pp_schedule: str, virtual_stages: int, microbatches: int, size: str, context_length: int,
                  batch_size: int, dtype: str, steps: int, warmup: int, checkpoint: str = "none",
-                 seed: int = 0, parity: bool = True) -> dict:
-    config = get_config(size).with_overrides(context_length=context_length)
+                 seed: int = 0, parity: bool = True, model: Optional[str] = None, model_kwargs: str = "",
+                 tp_plan: Optional[str] = None) -> dict:
+    from lmsys.model.user import with_model
+
+    config = with_model(get_config(size).with_overrides(context_length=context_length), model, model_kwargs)
     total = warmup + steps
     references: dict[int, Optional[tuple]] = {}  # global batch -> (ms/step, losses, parameters) on rank 0
     rows, baselines, notes = [], [], []
@@ -80,7 +83,8 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
             row = mesh_run(ctx, config, spec, source, impl=impl, dp_strategy=dp_strategy,
                            sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                            virtual_stages=virtual_stages, microbatches=microbatches, dtype=dtype, warmup=warmup,
-                           total=total, seed=seed, checkpoint=checkpoint, reference=references.get(global_batch) if ctx.is_main else None)
+                           total=total, seed=seed, checkpoint=checkpoint, reference=references.get(global_batch) if ctx.is_main else None,
+                           tp_plan=tp_plan)
             if ctx.is_main:
                 rows.append(row)
             barrier(ctx)
@@ -92,6 +96,13 @@ def _parallel_job(ctx: RankContext, *, meshes: list[str], impls: list[str], dp_s
                  "hide); fsdp, the waits for its all-gathers and reduce-scatters (on a CPU the collectives "
                  "themselves). n/m: not measured (torch's rows: their collectives, compute and saved activations "
                  "run inside DTensor, pipelining and FSDP2, out of reach of lmsys's timer); —: nothing to measure.")
+    from lmsys.model.user import is_user_model
+
+    if is_user_model(config):
+        notes.append(f"--model {config.model}: torch's parallelisms applied from outside "
+                     "(lmsys.distributed.model_parallel.user_parallel): tp by the model's plan (DTensor), pp traced "
+                     "and split at its blocks (torch.distributed.pipelining), fsdp as FSDP2 on each block; "
+                     "bucketed is lmsys's BucketedDDP, torch-ddp torch's DDP.")
     if warmup == 0:
         notes.append("act MiB held: counted in the first timed step (--warmup 0), whose time includes a hook "
                      "per saved tensor; with a warm-up step it is counted there.")
@@ -137,9 +148,17 @@ def one_process_run(ctx, config, source, *, dtype, warmup, total, seed) -> tuple
 
 
 def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_parallel, pp_schedule, virtual_stages,
-             microbatches, dtype, warmup, total, seed, reference, checkpoint="none") -> dict:
+             microbatches, dtype, warmup, total, seed, reference, checkpoint="none", tp_plan=None) -> dict:
     from lmsys.distributed.parallelize import HAND_WRITTEN_DP, parallelize
     from lmsys.distributed.model_parallel.torch_parallel import TorchParallelModel, local_numel, not_composable
+    from lmsys.model.user import is_user_model
+
+    user = is_user_model(config)
+    if user:  # a --model: torch's TP / pipelining / FSDP2 (lmsys's are written for its TransformerLM)
+        from lmsys.distributed.model_parallel import user_parallel
+
+        not_composable = user_parallel.not_composable  # noqa: F811 - the --model's own limits
+        impl = "torch"
 
     schedule_label = pp_schedule + (f", V={virtual_stages}" if pp_schedule == "interleaved-1f1b" else "") + \
         f", M={microbatches}" + (", SP" if sequence_parallel and spec.tp > 1 else "") + \
@@ -148,6 +167,8 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
         return _status_row("torch", spec, dp_strategy, schedule_label,
                            "not run: --checkpoint applies to lmsys's parallelize only")
     if impl == "torch" and (why := not_composable(spec, dp_strategy)) is not None:
+        return _status_row("torch", spec, dp_strategy, schedule_label, why)
+    if user and (why := not_composable(spec, dp_strategy)) is not None:
         return _status_row("torch", spec, dp_strategy, schedule_label, why)
     if impl == "lmsys" and spec.dp > 1 and dp_strategy not in HAND_WRITTEN_DP:
         return _status_row("lmsys", spec, dp_strategy, schedule_label,
@@ -163,7 +184,14 @@ def mesh_run(ctx, config, spec, source, *, impl="lmsys", dp_strategy, sequence_p
     model = build_model(config, device=ctx.device, seed=seed)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     b = source.global_batch // spec.dp
-    if impl == "torch":
+    if user:
+        from lmsys.model.user import tp_plan as plan_of
+
+        example = torch.zeros(b, config.context_length, dtype=torch.long, device=ctx.device)
+        pm = user_parallel.UserParallelModel(model, mesh, plan=plan_of(config, tp_plan), pp_schedule=pp_schedule,
+                                             microbatches=microbatches, dp_strategy=dp_strategy, device=ctx.device,
+                                             example=example)
+    elif impl == "torch":
         pm = TorchParallelModel(model, mesh, sequence_parallel=sequence_parallel, pp_schedule=pp_schedule,
                                 virtual_stages=virtual_stages, microbatches=microbatches, dp_strategy=dp_strategy,
                                 device=ctx.device)

@@ -41,9 +41,9 @@ def e2e(
     sm_carveout: Annotated[Optional[str], typer.Option("--sm-carveout", help="SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only); a comma list sweeps it (one row each).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Activation checkpointing: none | block | every:N, or a comma list to compare.")] = "none",
     fast: Annotated[bool, typer.Option("--fast", metavar="", help="The lmsys fast path: sdpa, torch.compile of model + loss (GPU), fused AdamW, bf16 master weights (bf16), chunked CE when logits are large, TF32 (fp32).")] = False,
-    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or factory, built with --size's sizes by keyword, ids [B, S] -> logits [B, S, V]); `list` lists them. Default: lmsys.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model class or factory, built with --size's sizes by keyword or in its config object's fields, ids [B, S] -> logits [B, S, V]); `list` lists them. Default: lmsys.")] = None,
     model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
-    compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", metavar="", help="Also run the plain model (naive attention, AdamW) eager and torch.compile'd in the same process, with speed-ups; with --model, also lmsys's own model at the same sizes, eager and on --fast (× vs lmsys --fast).")] = False,
     device: DeviceOpt = "auto",
     quiet: QuietOpt = False,
     format: FormatOpt = None,
@@ -110,7 +110,8 @@ def e2e(
     rows = list(track(e2e.run_e2e(workloads, modes=modes, warmup=warmup, steps=steps, device=dev, compare=compare,
                                   peak_tflops=peak_tflops),
                       total=len(workloads) * per_workload, description="bench e2e"))
-    meta, notes = e2e.describe_run(environment(dev, peak_tflops=peak_tflops), configs, workloads, warmup=warmup, steps=steps, compare=compare)
+    meta, notes = e2e.describe_run(environment(dev, peak_tflops=peak_tflops), configs, workloads, warmup=warmup, steps=steps, compare=compare,
+                                    device=dev)
     emit(Report("bench e2e", rows, meta, notes), format, output)
 
 @app.command("attention")

@@ -25,6 +25,9 @@ def train(
     checkpoint: Annotated[str, typer.Option(help="none | block: activation checkpointing of each block of each pipeline stage (applied after TP and PP; lmsys rows).")] = "none",
     impl: Annotated[str, typer.Option(help="lmsys | torch, comma-separated: one row each (torch: DTensor parallelize_module, torch.distributed.pipelining, FSDP2 / DDP over dp).")] = "lmsys",
     size: Annotated[Optional[str], typer.Option(help="One model preset or a .yaml config. Default: tiny with gloo, small with nccl.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="lmsys | hf:llama | hf:gpt2 | hf:qwen2 | hf:mistral | pkg.module:Name or file.py:Name (your model, built with --size's sizes): run with torch's parallelisms (dp and FSDP always; pp split at its blocks; tp by its plan or --tp-plan). Default: lmsys.")] = None,
+    model_kwargs: Annotated[Optional[str], typer.Option("--model-kwargs", help="Extra keyword arguments for --model: YAML or JSON text, or a .yaml/.json file.")] = None,
+    tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="FILE.yaml: the tensor-parallel plan of --model, module pattern -> colwise | rowwise (e.g. layers.*.attn.q: colwise); default: the plan the model declares (Hugging Face's base_model_tp_plan).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per data-parallel rank per step, split into the microbatches (one value: the rows compare meshes on one workload).")] = 4,
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length (one value). Default: 512 with nccl, 128 with gloo.")] = None,
     dtype: DtypeOpt = "fp32",
@@ -64,6 +67,12 @@ def train(
     under = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     n = int(os.environ["WORLD_SIZE"]) if under else (world_size or (specs[0].world_size if specs else 2))
     specs = specs or [parse_mesh(f"tp={n}")]
+    from lmsys.model.user import check_model, check_parallel, parse_model_kwargs
+
+    if tp_plan is not None and model in (None, "lmsys"):
+        raise LmsysError("--tp-plan gives the tensor-parallel plan of a --model; lmsys's own model has its own")
+    model = check_model(model) if model else None
+    kwargs_json = parse_model_kwargs(model_kwargs)
     config = get_config(size or "tiny")
     for spec in specs:  # every mistake of item 6, before any process starts
         check_plan(spec, world_size=n, num_heads=config.num_heads, kv_heads=config.kv_heads, d_ff=config.d_ff,
@@ -79,13 +88,20 @@ def train(
     if warning := launch.warn_oversubscription([n], backend):
         typer.echo(warning, err=True)
     size, context_length = resolve_size(size, context_length, backend=backend, dtype=dtype)
+    if model not in (None, "lmsys"):  # what the --model needs for each mesh, before any rank starts
+        from lmsys.model.config import resolve_configs
+
+        (_, user_config), = resolve_configs([size], context_length=context_length, model=model,
+                                            model_kwargs=kwargs_json)
+        for spec in specs:
+            check_parallel(user_config, spec, plan_file=tp_plan, pp_schedule=pp_schedule)
     if sequence_parallel and any(context_length % s.tp for s in specs):
         raise LmsysError(f"--sequence-parallel: --context-length {context_length} is not divisible by every tp degree")
     kwargs = dict(meshes=[s.label for s in specs], impls=impls, dp_strategy=dp_strategy,
                   sequence_parallel=sequence_parallel, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
                   microbatches=microbatches, size=size, context_length=context_length, batch_size=batch_size,
                   dtype=dtype, steps=steps, warmup=warmup, checkpoint=checkpoint,
-                  peak_tflops=peak_tflops)
+                  peak_tflops=peak_tflops, model=model, model_kwargs=kwargs_json, tp_plan=tp_plan)
     result = run_on_ranks("lmsys.bench.parallel:parallel_job", kwargs, world_size=n, backend=backend,
                           description="parallel train")
     if result is None:  # a torchrun worker other than rank 0: rank 0 prints

@@ -140,7 +140,7 @@ def nsys(
                                    name=base, trace=trace, extra=extra, **run)
     version = f"{nsys.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
     meta = report.step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=version,
-                            **run)
+                            prof=prof, **run)
     shape = (batch_size, cfg.num_heads, context_length, cfg.d_head)
     emit(report.time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), format, output)
     _say(f"nsys report: {prof.files['report']}" if engine == "nsys" else f"chrome trace: {prof.files['trace']}")

@@ -174,6 +174,34 @@ def _emit(kind: str, value: str = "") -> None:
             pass  # progress is never worth a failure
 
 
+def _notice(text: str, *, end: str = "\n") -> None:
+    if _display is not None:
+        _display.progress.console.print(text, markup=False, highlight=False)
+    else:
+        print(text, file=sys.stderr, end=end, flush=True)
+
+
+@contextmanager
+def announced(text: str) -> Iterator[None]:
+    """One line on stderr, on a terminal or not, for a long silent phase (a compile): `text ...` when it
+    starts and its seconds when it ends (`compiling 48 blocks ... 31.2 s`; under a display, whose bars
+    would split the line, the whole line at the end). Nothing with --quiet or on a rank other than 0."""
+    import time
+
+    say = not _quiet and os.environ.get("RANK") in (None, "0")
+    if say and _display is None:
+        _notice(f"{text} ...", end="")
+    start = time.perf_counter()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if say:
+            took = f"{time.perf_counter() - start:.1f} s" + ("" if ok else " (failed)")
+            _notice(f" {took}" if _display is None else f"{text}: {took}")
+
+
 def plan_rows(total: int) -> None:
     _emit("rows", str(int(total)))
 

@@ -7,7 +7,11 @@ __all__ = ["PRESETS", "ModelConfig", "config_from_yaml", "get_config", "paramete
 
 
 def describe(cfg: ModelConfig) -> str:
-    """One line naming the shape of `cfg` (the meta line every report prints)."""
-    model = "" if cfg.model == "lmsys" else f"{cfg.model}" + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "") + ": "
-    return (f"{model}d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
+    """One line naming the shape of `cfg` (the meta line every report prints); a user's or Hugging Face's
+    model: what it was built with, in its own names (lmsys.model.user.describe_user)."""
+    if cfg.model != "lmsys":
+        from lmsys.model.user import describe_user
+
+        return f"{cfg.model}" + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "") + f": {describe_user(cfg)}"
+    return (f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {cfg.num_heads} heads, "
             f"vocab {cfg.vocab_size}, context {cfg.context_length}")

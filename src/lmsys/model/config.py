@@ -93,7 +93,7 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
     `attn_impl`: None keeps each config's own (a preset's naive, or what its YAML says).
     `model`: lmsys.model.user's name (lmsys, hf:NAME, pkg.module:Name), built with the preset's sizes."""
     from lmsys.kernels.attention import check_impl
-    from lmsys.model.user import check_builds, with_model
+    from lmsys.model.user import SIZE_OPTIONS, check_builds, check_sizes_taken, with_model
 
     if attn_impl is not None:
         check_impl(attn_impl)
@@ -108,6 +108,8 @@ def resolve_configs(sizes: list[str], *, context_length: int, vocab_size: int | 
         impl = cfg.attn_impl if attn_impl is None else attn_impl
         cfg = with_model(cfg.with_overrides(attn_impl=check_impl(impl, d_head=cfg.d_head)), model, model_kwargs)
         check_builds(cfg)
+        given = {"d_model": d_model, "d_ff": d_ff, "num_layers": layers, "num_heads": heads, "vocab_size": vocab_size}
+        check_sizes_taken(cfg, {k: SIZE_OPTIONS[k] for k, v in given.items() if v is not None})
         out.append((name, cfg))
     return out
 

@@ -88,11 +88,21 @@ def time_reports(prof, *, meta: dict, range_name: str, top: int, shape) -> list[
 
 
 def step_meta(meta: dict, name: str, config, *, batch_size: int, dtype: str, mode: str, warmup: int, steps: int,
-              engine: str, nsys: str | None) -> dict:
+              engine: str, nsys: str | None, prof=None) -> dict:
+    """The header. The attention: lmsys's model's --impl; a --model's, what its kernels (or, on a CPU, its
+    operators) in `prof` show it ran (lmsys.profiling.summary.attention_seen)."""
     from lmsys.model import describe
+    from lmsys.model.user import is_user_model
+    from lmsys.profiling.summary import attention_seen
 
     meta[name] = describe(config)
-    meta["run"] = (f"batch {batch_size}, {dtype}, mode {mode}, attention {config.attn_impl}, warmup {warmup} "
+    attention = config.attn_impl
+    if is_user_model(config):
+        seen = attention_seen(prof) if prof is not None else None
+        where = "kernels" if prof is not None and prof.unit == "kernel" else "operators"
+        attention = (f"{seen}, from its {where}" if seen else
+                     f"the model's own (none of its {where} is an SDPA, flash or softmax one lmsys knows)")
+    meta["run"] = (f"batch {batch_size}, {dtype}, mode {mode}, attention {attention}, warmup {warmup} "
                    f"(not recorded), {steps} measured steps, engine {engine}")
     if nsys is not None:
         meta["nsys"] = nsys

@@ -174,3 +174,29 @@ def split_rows(profile: TimeProfile, *, shape: tuple[int, int, int, int] | None 
         rows.append(row(labels[name], (name,)))
     rows.append(row("matmuls (QKᵀ + P·V)", (ATTN_QK_MATMUL, ATTN_AV_MATMUL)))
     return rows
+
+
+# The attention a step ran, read from its kernel (GPU) or operator (CPU) names: (label, name fragments), the
+# first label with a fragment in any name wins (the specific kernels before the softmax of a hand-written one).
+ATTENTION_SIGNS = (
+    ("sdpa: cuDNN", ("_scaled_dot_product_cudnn_attention", "cudnn_generated_fort_native_sdpa", "sdpa_fprop")),
+    ("sdpa: flash", ("_scaled_dot_product_flash_attention", "pytorch_flash::", "flash_fwd_kernel")),
+    ("sdpa: memory-efficient", ("_scaled_dot_product_efficient_attention", "fmha_cutlass", "efficient_attention")),
+    ("sdpa: math", ("_scaled_dot_product_attention_math",)),
+    ("flash-attn (Dao's package)", ("flash_attn", "flash::flash_fwd")),
+    ("Triton flash kernel", ("_attn_fwd", "attn_fwd")),
+    ("naive: matmul + softmax", ("aten::softmax", "aten::_softmax", "softmax_warp_forward", "SoftMaxForward")),
+)
+
+
+def attention_seen(profile: TimeProfile) -> str | None:
+    """'sdpa: flash (aten::_scaled_dot_product_flash_attention_for_cpu)': the attention the profiled step
+    ran, named from its kernels or operators, with the name that shows it; None when none shows (a kernel
+    lmsys does not know). A softmax counts only outside cross-entropy's log-softmax."""
+    names = [t.name for t in profile.top]
+    for label, fragments in ATTENTION_SIGNS:
+        for name in names:
+            if any(f in name for f in fragments) and "log_softmax" not in name.lower() \
+                    and "logsoftmax" not in name.lower():
+                return f"{label} ({short_kernel_name(name, 60)})"
+    return None

@@ -171,7 +171,11 @@ def run_step(step, inputs, targets, *, mode: str = "train", range_fn: RangeFn = 
 
 
 def lm_loss(model, inputs, targets, *, fused_ce: bool) -> torch.Tensor:
-    """Mean next-token cross-entropy; chunked so the [tokens, vocab] logits never exist when fused_ce."""
+    """Mean next-token cross-entropy; chunked so the [tokens, vocab] logits never exist when fused_ce. A
+    user's model that gives every position's logits only when called with its targets (nanoGPT's) gives its
+    own loss, as its training loop uses it (lmsys.model.user.UserLM.own_loss)."""
+    if getattr(model, "targets", None) is not None and hasattr(model, "own_loss"):
+        return model.own_loss(inputs, targets)
     if fused_ce:
         from lmsys.kernels.cross_entropy import chunked_cross_entropy
 

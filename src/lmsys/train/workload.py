@@ -65,9 +65,16 @@ class Workload:
     def describe(self) -> str:
         from lmsys.model.user import is_user_model
 
-        parts = [] if is_user_model(self.config) else [f"attention {self.config.attn_impl}"]  # a --model's own
+        user = is_user_model(self.config)
+        parts = [] if user else [f"attention {self.config.attn_impl}"]  # a --model's own
         if self.compile != "none":
-            parts.append(f"compile {self.compile}" + (" + CUDA graphs" if self.cuda_graphs else ""))
+            scope = self.compile
+            if user:
+                from lmsys.model.user import blocks_of
+
+                scope = (f"each block ({blocks_of(self.config)})" if self.compile == "blocks"
+                         else "the whole model and loss")
+            parts.append(f"compile {scope}" + (" + CUDA graphs" if self.cuda_graphs else ""))
         parts.append("bf16 weights + fp32 master AdamW" if self.master_weights else
                      ("fused AdamW" if self.optimizer == "adamw-fused" else "AdamW"))
         if self.fused_ce:

@@ -27,6 +27,7 @@ class Strategy:
     wrap: Callable  # wrap(model, spec, ctx, *, dtype) -> the wrapped model
     bucketed: bool = False  # one row per --bucket-mb
     shards_params: bool = False  # the optimizer sees shards: no ZeRO-1 on top, no whole gradients to check
+    shards_optimizer: bool = False  # its optimizer keeps a shard of the state per rank (ZeRO-1)
     adapters: bool = False  # needs --adapters
     optimizer: Optional[Callable] = None  # (wrapped, spec) -> optimizer; None: AdamW (ZeRO-1 if asked)
     optimizer_label: str = "AdamW"
@@ -241,7 +242,7 @@ def _yours_sharded_optimizer(wrapped, spec):
 
 @register("yours-zero1", "lmsys's bucketed DDP (first --bucket-mb) with your get_sharded_optimizer(params, "
           "AdamW, ...): parity and optimizer state per rank against plain AdamW", adapters=True,
-          optimizer=_yours_sharded_optimizer, optimizer_label="your sharded AdamW")
+          optimizer=_yours_sharded_optimizer, optimizer_label="your sharded AdamW", shards_optimizer=True)
 def _yours_zero1(model, spec, ctx, *, dtype):
     from lmsys.distributed.data_parallel.ddp import BucketedDDP
 
