@@ -117,7 +117,9 @@ def calibrate(
 
 @app.command("validate")
 def validate(
-    profile: Annotated[Path, typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine.")],
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine (needed unless --published).")] = None,
+    published: Annotated[bool, typer.Option("--published", help="Predict published training runs instead of running anything here: the set shipped with lmsys, or the FILE given after it (same form); predicted beside published tokens/s per GPU, the error per row, mean and max.")] = False,
+    published_file: Annotated[Optional[Path], typer.Argument(metavar="[FILE]", show_default=False, help="With --published: a runs file of the shipped set's form (default: the shipped set).")] = None,
     size: Annotated[Optional[str], typer.Option(help="bench e2e rows: presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list, for every row (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's and parallel train's policies; block = full recomputation).")] = "none,block",
@@ -147,6 +149,17 @@ def validate(
     from lmsys.core.results import Report
 
     check_render_options(format, output, device=device, quiet=quiet)
+    if published_file is not None and not published:
+        raise LmsysError(f"{published_file}: a runs FILE is read only with --published (lmsys plan validate --published FILE)")
+    if published:
+        from lmsys.plan.published import published_report
+
+        rows, meta, notes = published_report(published_file)
+        emit(Report("plan validate: published runs", rows, meta, notes), format, output)
+        return
+    if profile is None:
+        raise LmsysError("plan validate needs --profile FILE (from `lmsys plan calibrate` on this machine), "
+                         "or --published [FILE] to predict published runs")
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
                  virtual_stages=(virtual_stages, 1), repeats=(repeats, 1))
     if context_length is not None:

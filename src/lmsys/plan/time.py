@@ -116,15 +116,19 @@ class Rates:
         rate = _nearest(self.scores, (batch, s, d), 4 if backward else 3) or self.matmul_tflops
         return 4.0 * batch * s * s * d * (2 if backward else 1) / (rate * 1e9)
 
-    def link(self, group: int, *, inter: bool) -> float:
-        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes."""
+    def link(self, group: int, *, inter: bool, per_node: int = 1) -> float:
+        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes.
+        Across nodes with `per_node` of the group's GPUs in each node, NCCL lays one ring per NIC: each
+        GPU's own NIC carries 1/per_node of the ring traffic and NVLink the rest, so the busbw is the node's
+        injection bandwidth, per_node × the NIC's, capped by the NVLink busbw (a dp group strided over
+        nodes, one GPU in each: the NIC's)."""
         if inter:
             if self.inter_GBps is None:
                 from lmsys.core.errors import LmsysError
 
                 raise LmsysError("the mesh spans nodes but the network bandwidth is unknown; give network_GBps "
                                  "in --cluster FILE.yaml")
-            return self.inter_GBps
+            return min(self.inter_GBps * max(1, per_node), max(self.intra_GBps or 0.0, self.inter_GBps))
         if not self.intra_GBps:
             from lmsys.core.errors import LmsysError
 
@@ -132,7 +136,7 @@ class Rates:
                              f"{group} and no table figure to fall back on; calibrate where {group} ranks run")
         return self.intra_GBps
 
-    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False) -> float:
+    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False, per_node: int = 1) -> float:
         """ms of one collective (`BUS_FACTORS`' kinds) of `nbytes` (the full buffer, as nccl-tests counts
         it) over `group` ranks: from the measured all-reduce times on `group` ranks when the profile has
         them (within a node), else latency + bytes · bus factor / the table's busbw (an all-reduce as a
@@ -141,7 +145,7 @@ class Rates:
         measured = self.busbw.get(group) or self.busbw.get(str(group))
         if measured and not inter:
             return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
-        bw = self.link(group, inter=inter) * 1e9 / 1e3  # bytes per ms
+        bw = self.link(group, inter=inter, per_node=per_node) * 1e9 / 1e3  # bytes per ms
         return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
 
 
@@ -318,6 +322,7 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
     tp_inter = t > gpus_per_node
     dp_inter = t * lay.dp > gpus_per_node
+    dp_per_node = max(1, gpus_per_node // t) if dp_inter else lay.dp  # the dp group's GPUs in one node
     pp_inter = t * lay.dp * p > gpus_per_node and p > 1 and t * lay.dp >= gpus_per_node
     act_bytes = tokens * h * prec.act
     tp_block = tp_fwd = 0.0
@@ -365,9 +370,9 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_comm = 0.0
     if lay.dp > 1:
         d = lay.dp
-        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter)
-        params = rates.collective_ms("all-gather", d, nbytes=n * prec.weight, inter=dp_inter)
-        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter)
+        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter, per_node=dp_per_node)
+        params = rates.collective_ms("all-gather", d, nbytes=n * prec.weight, inter=dp_inter, per_node=dp_per_node)
+        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter, per_node=dp_per_node)
         bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
         fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:
