@@ -178,7 +178,7 @@ def published_report(path: str | Path | None = None) -> tuple[list[dict], dict, 
 
     rows, summary = validate_published(path)
     eff = Efficiency()
-    meta = {"runs": f"{summary['runs']} runs from {summary['sources']} sources ({path or SHIPPED})",
+    meta = {"runs": f"{summary['runs']} runs from {summary['sources']} sources ({path or 'the shipped set, lmsys/plan/published_runs.yaml'})",
             "assumptions": (f"one set for every run: the GPU table's bf16 peaks and links (a run's stated "
                             f"hardware figures replace them), matmul {eff.matmul}, flash attention "
                             f"{eff.attention}, HBM {eff.hbm} and links {eff.link} of their peaks, {eff.latency_us:g} µs "
