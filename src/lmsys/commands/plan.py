@@ -25,7 +25,7 @@ def train(
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length, one value (default: the model's).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per plan).")] = "bf16",
     master_weights: Annotated[bool, typer.Option("--master-weights/--no-master-weights", metavar="", help="bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
-    mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full).")] = None,
+    mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op).")] = None,
     top: Annotated[int, typer.Option("--top", help="Show the K fastest layouts that fit.")] = 10,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies; for a device the GPU table lacks (a CPU), its memory and measured matmul rate (the MFU peak) stand in for --gpu.")] = None,

@@ -18,7 +18,7 @@ from lmsys.core.errors import LmsysError
 
 SHIPPED = Path(__file__).with_name("published_runs.yaml")
 RUN_FIELDS = ("id", "source", "table", "model", "seq", "system", "gpus", "mesh", "micro_batch", "global_batch",
-              "recompute", "attention", "precision", "master_weights", "published")
+              "recompute", "attention", "stack", "precision", "state", "published")
 SOURCE_FIELDS = ("title", "repo", "path", "commit", "definition")
 SYSTEM_FIELDS = ("gpu", "gpus_per_node", "network_GBps", "stated")
 GPU_OVERRIDES = ("hbm_GB", "hbm_GBps", "bf16", "nvlink_GBps", "network_GBps")
@@ -113,9 +113,18 @@ def run_layout(run: dict):
                   micro_batch=run["micro_batch"], microbatches=int(per_replica), checkpoint=run["recompute"])
 
 
+def run_precision(run: dict):
+    """The run's `state`: how weights, gradients and optimizer state are kept (lmsys.plan.memory.PRECISIONS:
+    autocast, master or fsdp)."""
+    from lmsys.plan.memory import PRECISIONS
+
+    if run["state"] not in PRECISIONS or run["state"] == "fp32":
+        raise LmsysError(f"published run {run['id']}: state {run['state']!r} is not autocast, master or fsdp")
+    return PRECISIONS[run["state"]]
+
+
 def predict(data: dict, run: dict) -> dict:
     """One row: the run, its published figures and the planner's, with the error of tokens/s/GPU."""
-    from lmsys.plan import memory as mem
     from lmsys.plan.memory import GiB
     from lmsys.plan.search import evaluate
     from lmsys.plan.time import Efficiency, table_rates
@@ -123,8 +132,8 @@ def predict(data: dict, run: dict) -> dict:
     shape = run_shape(data, run)
     cluster = run_cluster(data, run)
     lay = run_layout(run)
-    prec = mem.precision("bf16", master_weights=bool(run["master_weights"]))
-    rates = table_rates(cluster.gpu, "bf16", eff=Efficiency())
+    prec = run_precision(run)
+    rates = table_rates(cluster.gpu, "bf16", eff=Efficiency(), stack=run["stack"])
     plan = evaluate(shape, lay, prec, rates, cluster, peak_tflops=cluster.gpu.bf16)
     pub = run["published"]
     tps = plan.tokens_per_s_per_gpu
@@ -137,6 +146,7 @@ def predict(data: dict, run: dict) -> dict:
         "mesh": lay.describe() + (f" ZeRO-{lay.zero}" if lay.zero else ""),
         "batch": f"{lay.micro_batch}×{lay.microbatches}×{lay.dp}",
         "recompute": run.get("recompute_as_published", run["recompute"]),
+        "stack": run["stack"],
         "published tok/s/GPU": float(pub["tokens_per_s_per_gpu"]),
         "predicted tok/s/GPU": tps,
         "error %": 100 * (tps - pub["tokens_per_s_per_gpu"]) / pub["tokens_per_s_per_gpu"],
@@ -178,11 +188,15 @@ def published_report(path: str | Path | None = None) -> tuple[list[dict], dict, 
 
     rows, summary = validate_published(path)
     eff = Efficiency()
+    from lmsys.plan.time import EAGER_ELEMENTWISE
+
     meta = {"runs": f"{summary['runs']} runs from {summary['sources']} sources ({path or 'the shipped set, lmsys/plan/published_runs.yaml'})",
-            "assumptions": (f"one set for every run: the GPU table's bf16 peaks and links (a run's stated "
-                            f"hardware figures replace them), matmul {eff.matmul}, flash attention "
-                            f"{eff.attention}, HBM {eff.hbm} and links {eff.link} of their peaks, {eff.latency_us:g} µs "
-                            "a collective; docs/plan.md lists every one with its source")}
+            "assumptions": (f"one set for every run: the GPU table's bf16 peaks, links and flash-attention fraction "
+                            f"(H100/H200 0.35, A100 0.5; a run's stated hardware figures replace the table's), matmul "
+                            f"{eff.matmul} of the peak, elementwise work at {eff.hbm} of HBM (fused stack) or "
+                            f"{EAGER_ELEMENTWISE:.2f} (eager, measured on an H200), links {eff.link} with "
+                            f"{eff.latency_us:g} µs a collective and across nodes the node's NICs together; "
+                            "docs/plan.md lists every one with its source")}
     notes = [f"tokens/s per GPU: mean |error| {summary['mean |error| %']:.1f} %, max {summary['max |error| %']:.1f} %; "
              f"{summary['within 10 %']} of {summary['runs']} runs within 10 %, {summary['within 20 %']} within 20 %.",
              "error % = (predicted - published) / published tokens/s per GPU; MFU: 6·N·tokens + attention (PaLM) "
