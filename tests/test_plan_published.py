@@ -219,3 +219,21 @@ def test_plan_train_mesh_takes_op_checkpointing(lmsys):
     r = lmsys("plan", "train", "--size", "small", "--gpus", "8", "--gpu", "H100", "--global-batch", "8",
               "--format", "json", "--top", "50")
     assert "op" not in {row["checkpoint"] for row in json.loads(r.out)["rows"]}  # not searched unasked
+
+
+def test_plan_train_stack_production_is_the_default(lmsys):
+    def best(*extra):
+        r = lmsys("plan", "train", "--size", "10b", "--gpus", "8", "--gpu", "H100", "--global-batch", "64",
+                  "--mesh", "dp=8,zero=3,mb=1,checkpoint=full", "--top", "1", "--format", "json", *extra)
+        assert r.code == 0, r.err
+        out = json.loads(r.out)
+        return out["meta"]["stack"], out["rows"][0]
+
+    (stack, default), (_, production), (eager_stack, eager) = best(), best("--stack", "production"), \
+        best("--stack", "eager")
+    assert stack.startswith("production") and eager_stack.startswith("eager")
+    assert default == production
+    # the preset's naive attention and one kernel an op: slower and no less memory than a flash kernel, fused
+    assert eager["step ms"] > production["step ms"] and eager["activations GiB"] >= production["activations GiB"]
+    r = lmsys("plan", "train", "--size", "small", "--stack", "compiled")
+    assert r.code == 2 and "--stack must be one of production, eager" in r.err

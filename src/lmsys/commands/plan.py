@@ -30,6 +30,7 @@ def train(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies; for a device the GPU table lacks (a CPU), its memory and measured matmul rate (the MFU peak) stand in for --gpu.")] = None,
     peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="The dense peak MFU divides by (default: the GPU table's for --dtype).")] = None,
+    stack: Annotated[str, typer.Option("--stack", help="The software stack modelled: production (naive attention run as a flash kernel, fused elementwise kernels) | eager (lmsys's own block: the model's attention, one kernel an op).")] = "production",
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -40,6 +41,7 @@ def train(
     check_render_options(format, output)
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
+    choose(stack, ("production", "eager"), what="--stack")
     check_counts(top=(top, 1))
     from lmsys.core.hardware import check_peak
 
@@ -54,7 +56,7 @@ def train(
         size=size, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, cluster=str(cluster) if cluster else None,
         profile=str(profile) if profile else None, dtype=dtype, master_weights=master_weights,
         global_batch_tokens=global_batch_tokens, global_batch=global_batch, context_length=context_length,
-        mesh=mesh, top=top, peak_tflops=peak_tflops)
+        mesh=mesh, top=top, peak_tflops=peak_tflops, stack=stack)
     if plot is not None:
         from lmsys.plan.search import plot_plans
 
