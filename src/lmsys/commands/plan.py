@@ -145,7 +145,7 @@ def validate(
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
-    """Run bench e2e and parallel train here and print predicted beside measured step time and peak memory, with the errors."""
+    """Run bench e2e and parallel train here and print predicted beside measured step time and peak memory, with the errors; with --published, predict published training runs beside their published tokens/s per GPU."""
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import choose, parse_int_list, parse_list
     from lmsys.core.results import Report
