@@ -25,11 +25,12 @@ def train(
     context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length, one value (default: the model's).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per plan).")] = "bf16",
     master_weights: Annotated[bool, typer.Option("--master-weights/--no-master-weights", metavar="", help="bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
-    mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full).")] = None,
+    mesh: Annotated[Optional[str], typer.Option("--mesh", help="Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op).")] = None,
     top: Annotated[int, typer.Option("--top", help="Show the K fastest layouts that fit.")] = 10,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies; for a device the GPU table lacks (a CPU), its memory and measured matmul rate (the MFU peak) stand in for --gpu.")] = None,
     peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="The dense peak MFU divides by (default: the GPU table's for --dtype).")] = None,
+    stack: Annotated[str, typer.Option("--stack", help="The software stack modelled: production (naive attention run as a flash kernel, fused elementwise kernels) | eager (lmsys's own block: the model's attention, one kernel an op).")] = "production",
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -42,6 +43,7 @@ def train(
     check_render_options(format, output)
     check_output_path(plot, what="--plot")
     choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
+    choose(stack, ("production", "eager"), what="--stack")
     check_counts(top=(top, 1))
     from lmsys.core.hardware import check_peak
 
@@ -56,7 +58,7 @@ def train(
         size=size, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, cluster=str(cluster) if cluster else None,
         profile=str(profile) if profile else None, dtype=dtype, master_weights=master_weights,
         global_batch_tokens=global_batch_tokens, global_batch=global_batch, context_length=context_length,
-        mesh=mesh, top=top, peak_tflops=peak_tflops)
+        mesh=mesh, top=top, peak_tflops=peak_tflops, stack=stack)
     if plot is not None:
         from lmsys.plan.search import plot_plans
 
@@ -119,7 +121,9 @@ def calibrate(
 
 @app.command("validate")
 def validate(
-    profile: Annotated[Path, typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine.")],
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine (needed unless --published).")] = None,
+    published: Annotated[bool, typer.Option("--published", help="Predict published training runs instead of running anything here: the set shipped with lmsys, or the FILE given after it (same form); predicted beside published tokens/s per GPU, the error per row, mean and max.")] = False,
+    published_file: Annotated[Optional[Path], typer.Argument(metavar="[FILE]", show_default=False, help="With --published: a runs file of the shipped set's form (default: the shipped set).")] = None,
     size: Annotated[Optional[str], typer.Option(help="bench e2e rows: presets, comma list (default: small,medium,large,xl,2.7b on a GPU; tiny on a CPU).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list, for every row (default: fp32,bf16 on a GPU; fp32 on a CPU).")] = None,
     checkpoint: Annotated[str, typer.Option(help="Comma list of none, block (bench e2e's and parallel train's policies; block = full recomputation).")] = "none,block",
@@ -143,12 +147,23 @@ def validate(
     format: FormatOpt = None,
     output: OutputOpt = None,
 ):
-    """Run bench e2e and parallel train here and print predicted beside measured step time and peak memory, with the errors."""
+    """Run bench e2e and parallel train here and print predicted beside measured step time and peak memory, with the errors; with --published, predict published training runs beside their published tokens/s per GPU."""
     from lmsys.core.errors import LmsysError
     from lmsys.core.parsing import choose, parse_int_list, parse_list
     from lmsys.core.results import Report
 
     check_render_options(format, output, device=device, quiet=quiet)
+    if published_file is not None and not published:
+        raise LmsysError(f"{published_file}: a runs FILE is read only with --published (lmsys plan validate --published FILE)")
+    if published:
+        from lmsys.plan.published import published_report
+
+        rows, meta, notes = published_report(published_file)
+        emit(Report("plan validate: published runs", rows, meta, notes), format, output)
+        return
+    if profile is None:
+        raise LmsysError("plan validate needs --profile FILE (from `lmsys plan calibrate` on this machine), "
+                         "or --published [FILE] to predict published runs")
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
                  virtual_stages=(virtual_stages, 1), repeats=(repeats, 1))
     if context_length is not None:

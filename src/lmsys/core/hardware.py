@@ -24,6 +24,10 @@ DGX_H200 = "NVIDIA DGX H200 datasheet (2024): 8x ConnectX-7 400 Gb/s, one per GP
 B200_DS = "NVIDIA HGX B200 specifications (2024), 8-GPU figures / 8, sparse / 2"
 DGX_B200 = "NVIDIA DGX B200 datasheet (2024): 8x ConnectX-7 400 Gb/s, one per GPU"
 PCIE_NET = "no vendor system: network not specified (give it in --cluster)"
+FA2_A100 = ("Dao, FlashAttention-2 (arXiv 2307.08691), abstract: 50-73 % of the A100's peak forward and backward; "
+            "the low end")
+FA2_HOPPER = ("Shah et al., FlashAttention-3 (arXiv 2407.08608), abstract: FlashAttention-2 reaches 35 % of the "
+              "H100's peak; the same die in the H200")
 
 DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
 
@@ -47,6 +51,11 @@ class GPU:
     network_GBps: float | None  # per GPU, one direction (None: not specified)
     sources: dict[str, str] = field(default_factory=dict)  # compute / memory / links / network -> source
     exclude: tuple[str, ...] = ()  # none may occur (a GB200's B200 is another part)
+    # the fraction of the dense 16-bit peak a fused flash-attention kernel of the FlashAttention-2
+    # generation (what torch SDPA, MPT's triton kernel and Megatron ran through 2024) reaches forward and
+    # backward, with its source; None: lmsys.plan.time.Efficiency.attention
+    flash: float | None = None
+    flash_source: str = ""
 
     def peak(self, dtype: str) -> float | None:
         return getattr(self, dtype)
@@ -58,31 +67,31 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         sources={"compute": B200_DS, "memory": B200_DS, "links": B200_DS, "network": DGX_B200}, exclude=("gb200",)),
     GPU("H200 NVL", ("h200", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
         hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=4, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": PCIE_NET}),
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
     GPU("H200 SXM", ("h200",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
         hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
-        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": DGX_H200}),
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": DGX_H200}, flash=0.35, flash_source=FA2_HOPPER),
     GPU("H100 NVL", ("h100", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
         hbm_GB=94.0, hbm_GBps=3900.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
     GPU("H100 PCIe", ("h100", "pcie"), bf16=756.5, fp16=756.5, tf32=378.0, fp32=51.0, fp8=1513.0,
         hbm_GB=80.0, hbm_GBps=2000.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
     GPU("H100 SXM", ("h100",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
         hbm_GB=80.0, hbm_GBps=3350.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": DGX_H100}),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": DGX_H100}, flash=0.35, flash_source=FA2_HOPPER),
     GPU("A100 80GB PCIe", ("a100", "pcie", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=80.0, hbm_GBps=1935.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100),
     GPU("A100 40GB PCIe", ("a100", "pcie"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100),
     GPU("A100 80GB SXM", ("a100", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=80.0, hbm_GBps=2039.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100),
     GPU("A100 40GB SXM", ("a100",), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100),
 )}
 
 

@@ -25,7 +25,11 @@ from lmsys.plan.shape import ModelShape, layer_matmul_params, layer_params, norm
 
 GiB = 2**30
 SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")
-CHECKPOINTS = ("none", "selective", "full")
+CHECKPOINTS = ("none", "selective", "full")  # what plan train's search tries
+# every recomputation the model knows: also "op", torchtitan's selective op checkpointing (the block's
+# matmul outputs saved every other one, its flash attention's output saved, everything else recomputed);
+# given with --mesh checkpoint=op or by a published run
+CHECKPOINT_KINDS = (*CHECKPOINTS, "op")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket; two in flight (one reducing, one filling)
 RESERVE_BYTES = 1 * GiB  # CUDA context, NCCL communicators ...
 RESERVE_FRACTION = 0.05  # ... and the caching allocator's fragmentation, of the GPU's memory
@@ -42,6 +46,11 @@ class Precision:
     grad: int
     optimizer: int  # fp32 master copy (if any) + AdamW's two moments
     cast: int  # bytes per element of the low-precision weight copies autocast keeps from forward to backward
+    gather: int = 0  # bytes per element a ZeRO-3 all-gather moves and holds (0: `weight`)
+
+    @property
+    def gathered(self) -> int:
+        return self.gather or self.weight
 
     @property
     def state(self) -> int:
@@ -54,6 +63,9 @@ PRECISIONS = {
     "autocast": Precision("autocast", act=2, residual=4, weight=4, grad=4, optimizer=8, cast=2),
     # 16-bit weights, fp32 gradient accumulation, fp32 master + moments (Megatron's mixed precision; 18 B/param)
     "master": Precision("master", act=2, residual=2, weight=2, grad=4, optimizer=12, cast=0),
+    # FSDP's mixed precision (torch FSDP / FSDP2 with a bf16 param dtype, fp32 reduce): fp32 sharded weights
+    # (the master copy), fp32 gradients and moments, gathered in 16 bits for compute; no autocast cache
+    "fsdp": Precision("fsdp", act=2, residual=2, weight=4, grad=4, optimizer=8, cast=0, gather=2),
 }
 
 
@@ -112,8 +124,8 @@ def check_layout(m: ModelShape, lay: Layout) -> None:
             (lay.pp == 1 and lay.schedule not in ("none", "gpipe")):
         bad.append(f"schedule {lay.schedule!r} with pp={lay.pp} (one of {', '.join(SCHEDULES[1:])} with pp > 1, "
                    "none or gpipe with pp = 1)")
-    if lay.checkpoint not in CHECKPOINTS:
-        bad.append(f"checkpoint {lay.checkpoint!r} is not one of {', '.join(CHECKPOINTS)}")
+    if lay.checkpoint not in CHECKPOINT_KINDS:
+        bad.append(f"checkpoint {lay.checkpoint!r} is not one of {', '.join(CHECKPOINT_KINDS)}")
     if lay.schedule == "interleaved" and lay.microbatches % lay.pp:
         bad.append(f"interleaved schedule: pp={lay.pp} does not divide the microbatches ({lay.microbatches})")
     if bad:
@@ -187,10 +199,11 @@ def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda
 
 def _norm_saved(m: ModelShape, sbh: int, prec: Precision, where: str) -> list[Saved]:
     """What a norm keeps besides its output: a fused LayerNorm its input; lmsys's RMSNorm (fp32 math) its
-    input in fp32 and the normalized x·rsqrt(mean x²) in fp32."""
-    if m.norm == "rms":
+    input in fp32 and the normalized x·rsqrt(mean x²) in fp32; a low-precision norm (MPT's
+    low_precision_layernorm: cast to the compute dtype first) its input in the compute dtype."""
+    if m.norm == "rms" and not m.low_precision_norm:
         return [Saved(f"{where} norm input (fp32)", sbh, 4, "seq"), Saved(f"{where} norm x·rsqrt", sbh, 4, "seq")]
-    return [Saved(f"{where} norm input", sbh, prec.residual, "seq")]
+    return [Saved(f"{where} norm input", sbh, prec.act if m.low_precision_norm else prec.residual, "seq")]
 
 
 def _split(t: Saved, lay: Layout) -> float:
@@ -205,8 +218,32 @@ def layer_activation_bytes(m: ModelShape, lay: Layout, prec: Precision, *, check
     checkpoint = lay.checkpoint if checkpoint is None else checkpoint
     if checkpoint == "full":  # only the block's input
         return m.seq * lay.micro_batch * m.d_model * prec.residual / (lay.tp if lay.sp else 1)
+    if checkpoint == "op":
+        return sum(_split(t, lay) for t in op_saved(m, b=lay.micro_batch, prec=prec))
     return sum(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device)
                if not (checkpoint == "selective" and t.core))
+
+
+def op_matmuls(m: ModelShape) -> list[tuple[str, int, int]]:
+    """(name, K, N) of a block's matmuls in the order torchtitan's Llama runs them (wq, wk, wv apart, the
+    output, then the MLP's); selective op checkpointing saves the outputs of the 1st, 3rd, 5th ... and
+    recomputes the others."""
+    h, kv, f = m.d_model, m.kv_dim, m.d_ff
+    mlp = [("MLP gate", h, f), ("MLP up", h, f), ("MLP out", f, h)] if m.mlp == "swiglu" else \
+        [("MLP in", h, f), ("MLP out", f, h)]
+    return [("Q", h, h), ("K", h, kv), ("V", h, kv), ("attention out", h, h), *mlp]
+
+
+def op_saved(m: ModelShape, *, b: int, prec: Precision) -> list[Saved]:
+    """What one block keeps under selective op checkpointing: its input (the checkpoint's), every other
+    matmul's output, and the flash kernel's output and log-sum-exp (attention is never recomputed)."""
+    s, h = m.seq, m.d_model
+    out = [Saved("block input", s * b * h, prec.residual, "seq")]
+    for i, (name, _, n) in enumerate(op_matmuls(m)):
+        if i % 2 == 0:
+            out.append(Saved(f"{name} output", s * b * n, prec.act, "tp" if n != h or name == "Q" else "seq"))
+    out += [Saved("attention output", s * b * h, prec.act, "tp"), Saved("log-sum-exp", m.heads * s * b, 4, "tp")]
+    return out
 
 
 def block_backward_transient(m: ModelShape, lay: Layout, prec: Precision, *, device: str = "cuda") -> float:
@@ -383,7 +420,7 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     working = 0.0  # what the block being recomputed adds in its backward
     if lay.checkpoint == "full":
         working = full_layer + cast_layer
-    elif lay.checkpoint == "selective":
+    elif lay.checkpoint in ("selective", "op"):
         working = full_layer - per_layer
 
     head_saved = logits_fwd = logits_bwd = head_grads = 0.0
@@ -404,7 +441,7 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     buffers = 0.0
     if z >= 3 and dp > 1:  # two blocks gathered (this one and the prefetched one) and one block's gradients
         block = layer_params(m) / t
-        buffers += 2 * block * prec.weight + block * prec.grad
+        buffers += 2 * block * prec.gathered + block * prec.grad
     elif dp > 1:
         buffers += 2 * DDP_BUCKET_BYTES
     if lay.sp:  # the all-gathered sequence a column-parallel matmul reads

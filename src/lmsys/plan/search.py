@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from lmsys.core.errors import LmsysError
-from lmsys.plan.memory import CHECKPOINTS, GiB, Layout, Memory, Precision, check_layout, memory
+from lmsys.plan.memory import CHECKPOINT_KINDS, CHECKPOINTS, GiB, Layout, Memory, Precision, check_layout, memory
 from lmsys.plan.shape import ModelShape
 from lmsys.plan.time import Rates, StepTime, mfu, step_time
 
@@ -153,7 +153,7 @@ def candidates(m: ModelShape, *, gpus: int, gpus_per_node: int, global_batch: in
                     for sp in ((False, True) if tp > 1 and m.seq % tp == 0 else (False,)):
                         if fixed.get("sp", sp) != sp:
                             continue
-                        for ckpt in CHECKPOINTS:
+                        for ckpt in (CHECKPOINT_KINDS if fixed.get("checkpoint") == "op" else CHECKPOINTS):
                             if fixed.get("checkpoint", ckpt) != ckpt:
                                 continue
                             yield Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=sp, schedule=schedule, chunks=chunks,

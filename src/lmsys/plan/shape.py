@@ -36,6 +36,7 @@ class ModelShape:
     tied: bool = False  # the LM head is the embedding table
     dropout: bool = False  # dropout after attention, MLP and embedding (1-byte masks kept for backward)
     logit_bytes: int = 0  # bytes kept per logit for the loss; 0: compute dtype + fp32 copy + its gradient
+    low_precision_norm: bool = False  # the norms run in the compute dtype and keep their input in it (MPT's)
 
     def __post_init__(self):
         for f in ("vocab", "d_model", "d_ff", "layers", "heads", "kv_heads", "seq"):
@@ -168,6 +169,7 @@ ALIASES = {
     "max_position_embeddings": "seq", "context_length": "seq", "seq_length": "seq", "n_positions": "seq",
     "seq": "seq", "tie_word_embeddings": "tied", "mlp": "mlp", "attention": "attention", "norm": "norm",
     "bias": "bias", "learned_positions": "learned_positions", "dropout": "dropout", "logit_bytes": "logit_bytes",
+    "low_precision_norm": "low_precision_norm",
 }
 ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 

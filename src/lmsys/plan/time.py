@@ -5,12 +5,14 @@ Rates come from a calibration profile (what this machine measured) or from the G
 efficiencies (`Efficiency`; one set for every row, never per row). The assumptions, said once:
 - Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate; attention's two
   matmuls at it too when the s×s scores are materialized, at the attention rate inside a fused (flash)
-  kernel, which computes only the causal half (backward 2.5× forward). A profile that timed the model's
+  kernel, which computes only the causal half (backward 2.5× forward); from the table, the attention
+  rate is the part's own flash fraction of its peak (`GPU.flash`, with its source) where it has one. A profile that timed the model's
   own shapes (`plan calibrate`) gives each matmul, and the s×s products, the rate of the nearest shape it
   measured, forward and backward apart (small and skinny GEMMs run well below the large ones' rate).
 - Elementwise ops (norms, activation, softmax, dropout, residual adds, RoPE) move the bytes `elementwise`
   counts at the elementwise rate (calibrated on a GPU: what a block's own elementwise kernels reach, far
-  below a contiguous multiply's; else the HBM rate); their backward moves twice the forward's bytes. Autocast over fp32 weights adds
+  below a contiguous multiply's; else the stack's: `STACKS`, fused at the HBM rate, eager at
+  `EAGER_ELEMENTWISE` of the datasheet bandwidth); their backward moves twice the forward's bytes. Autocast over fp32 weights adds
   its casts at that rate: per micro-batch each matmul weight read in fp32 and written in the compute dtype
   (forward, and the recompute), its gradient read back and written in fp32 (backward).
 - Tensor parallelism is not overlapped (Megatron-LM): 4 all-reduces per block per micro-batch (2 forward,
@@ -23,7 +25,8 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   slowest stage (the last, with the LM head, or the first) sets the pace of the m micro-batches.
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
   twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
-  (half the NVLink figure, the NIC's line rate across nodes) times `Efficiency.link`. Measured (a
+  (half the NVLink figure; across nodes the NIC's line rate × the group's GPUs in each node, capped by
+  NVLink: one NCCL ring per NIC) times `Efficiency.link`. Measured (a
   profile's all-reduce busbw per size on n ranks): the all-reduce time at each measured size, linear
   between them, the smallest size's time below it (the latency floor) and the largest size's busbw above
   it; other collectives scale it by their bus factor (their busbw is the all-reduce's), and no latency
@@ -116,15 +119,19 @@ class Rates:
         rate = _nearest(self.scores, (batch, s, d), 4 if backward else 3) or self.matmul_tflops
         return 4.0 * batch * s * s * d * (2 if backward else 1) / (rate * 1e9)
 
-    def link(self, group: int, *, inter: bool) -> float:
-        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes."""
+    def link(self, group: int, *, inter: bool, per_node: int = 1) -> float:
+        """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes.
+        Across nodes with `per_node` of the group's GPUs in each node, NCCL lays one ring per NIC: each
+        GPU's own NIC carries 1/per_node of the ring traffic and NVLink the rest, so the busbw is the node's
+        injection bandwidth, per_node × the NIC's, capped by the NVLink busbw (a dp group strided over
+        nodes, one GPU in each: the NIC's)."""
         if inter:
             if self.inter_GBps is None:
                 from lmsys.core.errors import LmsysError
 
                 raise LmsysError("the mesh spans nodes but the network bandwidth is unknown; give network_GBps "
                                  "in --cluster FILE.yaml")
-            return self.inter_GBps
+            return min(self.inter_GBps * max(1, per_node), max(self.intra_GBps or 0.0, self.inter_GBps))
         if not self.intra_GBps:
             from lmsys.core.errors import LmsysError
 
@@ -132,7 +139,7 @@ class Rates:
                              f"{group} and no table figure to fall back on; calibrate where {group} ranks run")
         return self.intra_GBps
 
-    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False) -> float:
+    def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False, per_node: int = 1) -> float:
         """ms of one collective (`BUS_FACTORS`' kinds) of `nbytes` (the full buffer, as nccl-tests counts
         it) over `group` ranks: from the measured all-reduce times on `group` ranks when the profile has
         them (within a node), else latency + bytes · bus factor / the table's busbw (an all-reduce as a
@@ -141,7 +148,7 @@ class Rates:
         measured = self.busbw.get(group) or self.busbw.get(str(group))
         if measured and not inter:
             return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
-        bw = self.link(group, inter=inter) * 1e9 / 1e3  # bytes per ms
+        bw = self.link(group, inter=inter, per_node=per_node) * 1e9 / 1e3  # bytes per ms
         return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
 
 
@@ -175,14 +182,33 @@ def allreduce_ms(points: dict, *, group: int, nbytes: float) -> float:
     return t_last * nbytes / b_last
 
 
-def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops: float | None = None) -> Rates:
-    """Rates from the GPU table (lmsys.core.hardware.GPU) times `eff`."""
+# The software stack's elementwise work (norms, activations, residual adds, RoPE, casts) as a fraction of
+# the datasheet HBM bandwidth: "fused" (Megatron-LM's fused kernels, torch.compile): Efficiency.hbm, the
+# rate a streaming kernel reaches; "eager" (one PyTorch kernel an op, lmsys's own block among them): what
+# lmsys's eager bf16 block reached on an H200, block_elementwise_GBps 1756.6 GB/s of the 4800 datasheet
+# (docs/benchmarks/plan-h200-profile.yaml, measured by plan calibrate; a strided, fp32-upcasting op mix).
+EAGER_ELEMENTWISE = 1756.6 / 4800.0
+STACKS = ("fused", "eager")
+
+
+def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops: float | None = None,
+                stack: str = "fused") -> Rates:
+    """Rates from the GPU table (lmsys.core.hardware.GPU) times `eff`; `stack` sets the elementwise rate."""
+    if stack not in STACKS:
+        from lmsys.core.errors import LmsysError
+
+        raise LmsysError(f"stack {stack!r} is not one of {', '.join(STACKS)}")
     peak = peak_tflops if peak_tflops is not None else gpu.peak(dtype)
     intra = (gpu.nvlink_GBps if gpu.nvlink_gpus > 1 else gpu.pcie_GBps) / 2 * eff.link
-    return Rates(matmul_tflops=peak * eff.matmul, attention_tflops=peak * eff.attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
+    # a fused attention kernel: the part's own measured fraction where the table has one (the flash
+    # kernels of its generation reach far less of a Hopper's peak than of an A100's), else the generic one
+    attention = getattr(gpu, "flash", None) or eff.attention
+    return Rates(matmul_tflops=peak * eff.matmul, attention_tflops=peak * attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
                  intra_GBps=intra, inter_GBps=None if gpu.network_GBps is None else gpu.network_GBps * eff.link,
                  latency_us=eff.latency_us, launch_us=eff.launch_us,
-                 source=(f"{gpu.name} table × efficiency (matmul {eff.matmul}, attention {eff.attention}, "
+                 elementwise_GBps=gpu.hbm_GBps * (EAGER_ELEMENTWISE if stack == "eager" else eff.hbm),
+                 source=(f"{gpu.name} table × efficiency (matmul {eff.matmul}, flash attention {attention}, "
+                         f"{stack} elementwise {EAGER_ELEMENTWISE if stack == 'eager' else eff.hbm:.2f}, "
                          f"HBM {eff.hbm}, links {eff.link}, {eff.launch_us:g} µs an op)"))
 
 
@@ -248,7 +274,8 @@ def host_ms(m: ModelShape, lay: Layout, rates: Rates, *, tensors: int) -> tuple[
     ops, us = rates.ops, rates.launch_us / 1e3
     us_again = (rates.launch_us if rates.launch_us_recompute is None else rates.launch_us_recompute) / 1e3
     layers = m.layers / lay.pp
-    again = {"none": 0.0, "selective": ops.recompute_core, "full": ops.recompute_layer}[lay.checkpoint]
+    again = {"none": 0.0, "selective": ops.recompute_core, "full": ops.recompute_layer,
+             "op": ops.recompute_layer}[lay.checkpoint]
     fwd = (layers * ops.fwd_layer + ops.fwd_other) * us
     bwd = (layers * ops.bwd_layer + ops.bwd_other) * us + layers * again * us_again
     return fwd, bwd, (ops.opt_base + ops.opt_per_tensor * tensors) * us
@@ -301,6 +328,19 @@ def block_cost(m: ModelShape, *, b: int, t: int, sp: bool, prec: Precision, rate
                      cast_bytes=cast_fwd + cast_bwd)
 
 
+def op_recompute_ms(m: ModelShape, *, tokens: int, tp: int, rates: Rates) -> float:
+    """ms of the matmuls selective op checkpointing runs again in a block's backward: the 2nd, 4th, ...
+    of `op_matmuls` (column-parallel ones split N by tp, row-parallel ones K)."""
+    from lmsys.plan.memory import op_matmuls
+
+    total = 0.0
+    for i, (name, k, n) in enumerate(op_matmuls(m)):
+        if i % 2 == 1:
+            row = name in ("attention out", "MLP out")
+            total += rates.matmul_ms(tokens, -(-k // tp) if row else k, n if row else -(-n // tp))
+    return total
+
+
 def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus_per_node: int) -> StepTime:
     s, b, h, t, p = m.seq, lay.micro_batch, m.d_model, lay.tp, lay.pp
     tokens = s * b
@@ -311,13 +351,18 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     bc = block_cost(m, b=b, t=t, sp=lay.sp, prec=prec, rates=rates)
     fwd = bc.matmul_fwd + bc.bytes_fwd / ew
     bwd = bc.matmul_bwd + bc.bytes_bwd / ew
-    # what the backward runs again, once per block per micro-batch: the attention core's forward
-    # (selective), or the whole block's forward, 1x its FLOPs and bytes (full); the head is never recomputed
-    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd}[lay.checkpoint]
+    # what the backward runs again, once per block per micro-batch (the head never): the attention core's
+    # forward (selective), the whole block's forward, 1x its FLOPs and bytes (full), or every other
+    # matmul's forward and the elementwise forward outside attention (op: torchtitan's selective op)
+    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd,
+                 "op": 0.0}.get(lay.checkpoint, 0.0)
+    if lay.checkpoint == "op":
+        recompute = op_recompute_ms(m, tokens=tokens, tp=t, rates=rates) + (bc.bytes_fwd - bc.core_bytes) / ew
 
     # the mesh: tp innermost, then dp, then pp (Megatron-LM's order)
     tp_inter = t > gpus_per_node
     dp_inter = t * lay.dp > gpus_per_node
+    dp_per_node = max(1, gpus_per_node // t) if dp_inter else lay.dp  # the dp group's GPUs in one node
     pp_inter = t * lay.dp * p > gpus_per_node and p > 1 and t * lay.dp >= gpus_per_node
     act_bytes = tokens * h * prec.act
     tp_block = tp_fwd = 0.0
@@ -365,9 +410,10 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     dp_comm = 0.0
     if lay.dp > 1:
         d = lay.dp
-        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter)
-        params = rates.collective_ms("all-gather", d, nbytes=n * prec.weight, inter=dp_inter)
-        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter)
+        grads = rates.collective_ms("reduce-scatter", d, nbytes=n * prec.grad, inter=dp_inter, per_node=dp_per_node)
+        params = rates.collective_ms("all-gather", d, nbytes=n * (prec.gathered if lay.zero >= 3 else prec.weight),
+                                     inter=dp_inter, per_node=dp_per_node)
+        allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter, per_node=dp_per_node)
         bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
         fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:

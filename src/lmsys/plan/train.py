@@ -31,14 +31,31 @@ NOTES = [
 ]
 
 
+STACKS = {
+    "production": "a production stack: a fused flash kernel where the model says naive attention, fused "
+                  "elementwise kernels (0.8 of HBM)",
+    "eager": "lmsys's eager block: the model's own attention, one kernel an op (0.37 of HBM, as lmsys's "
+             "block reached on an H200)",
+}
+
+
 def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per_node: int | None, gpu: str | None,
             cluster: str | None, profile: str | None, dtype: str, master_weights: bool,
-            peak_tflops: float | None):
-    """(shape, precision, cluster, rates, peak TFLOP/s, peak label) from the command line's options."""
+            peak_tflops: float | None, stack: str = "production"):
+    """(shape, precision, cluster, rates, peak TFLOP/s, peak label) from the command line's options.
+    `stack` (STACKS): production runs naive attention as a flash kernel and the elementwise work fused;
+    eager keeps the model's attention and lmsys's eager elementwise rate. A profile's measured rates
+    replace the stack's elementwise rate either way."""
+    from dataclasses import replace
+
     from lmsys.core.hardware import find_gpu, get_gpu, peak_label
+    from lmsys.core.parsing import choose
     from lmsys.plan.profile import device_part, load_profile, rates as profile_rates
 
+    choose(stack, tuple(STACKS), what="--stack")
     shape = load_shape(size, seq=context_length)
+    if stack == "production" and shape.attention == "naive":
+        shape = replace(shape, attention="flash")
     prof = load_profile(profile) if profile else None
     measured_peak = False  # the part is the profile's device: MFU divides by its measured matmul rate
     if cluster:
@@ -63,7 +80,8 @@ def resolve(*, size: str, context_length: int | None, gpus: int | None, gpus_per
     peak = peak_tflops if peak_tflops is not None else clu.gpu.peak(dtype)
     if peak is None:
         raise LmsysError(f"{clu.gpu.name} has no {dtype} rate in the table; give --peak-tflops")
-    rates = table_rates(clu.gpu, dtype, eff=Efficiency(), peak_tflops=peak)
+    rates = table_rates(clu.gpu, dtype, eff=Efficiency(), peak_tflops=peak,
+                        stack="fused" if stack == "production" else "eager")
     if prof is not None:
         rates = profile_rates(prof, dtype, fallback=rates)
     label = peak_label(clu.gpu.name, dtype, peak) + (
@@ -87,11 +105,11 @@ def plan_train(*, size: str, gpus: int | None = None, gpus_per_node: int | None 
                cluster: str | None = None, profile: str | None = None, dtype: str = "bf16",
                master_weights: bool = True, global_batch_tokens: int | None = None, global_batch: int | None = None,
                context_length: int | None = None, mesh: str | None = None, top: int = 10,
-               peak_tflops: float | None = None) -> tuple[list[dict], dict, list, list[str]]:
+               peak_tflops: float | None = None, stack: str = "production") -> tuple[list[dict], dict, list, list[str]]:
     """(rows, meta, plans, notes): the `top` fitting layouts, fastest first."""
     shape, prec, clu, rates, peak, label = resolve(
         size=size, context_length=context_length, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, cluster=cluster,
-        profile=profile, dtype=dtype, master_weights=master_weights, peak_tflops=peak_tflops)
+        profile=profile, dtype=dtype, master_weights=master_weights, peak_tflops=peak_tflops, stack=stack)
     batch = global_batch_sequences(tokens=global_batch_tokens, sequences=global_batch, seq=shape.seq, gpus=clu.gpus)
     fixed = srch.parse_mesh(mesh) if mesh else {}
     plans = srch.search(shape, prec=prec, rates=rates, cluster=clu, global_batch=batch, peak_tflops=peak,
@@ -103,5 +121,6 @@ def plan_train(*, size: str, gpus: int | None = None, gpus_per_node: int | None 
                  f"({prec.state} bytes/parameter of weights, gradients and optimizer)",
         "MFU peak": label,
         "rates": rates.source,
+        "stack": f"{stack}: {STACKS[stack]}",
     }
     return [srch.row(p) for p in plans], meta, plans, list(NOTES)

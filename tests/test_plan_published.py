@@ -1,0 +1,239 @@
+"""lmsys.plan.published and `plan validate --published`: the shipped runs, the loader, the CLI rows, and
+the terms the published runs brought into the time model."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from lmsys.core import hardware
+from lmsys.core.errors import LmsysError
+from lmsys.plan import memory as mem
+from lmsys.plan import published as pub
+from lmsys.plan import time as ptime
+
+
+# --------------------------------------------------------------------------------------------- loader
+
+def test_shipped_set_every_run_sourced_and_complete():
+    data = pub.load_published()
+    runs = data["runs"]
+    assert len(runs) >= 20
+    assert len({data["sources"][r["source"]]["repo"] for r in runs}) >= 3  # independent repositories
+    for run in runs:
+        for field in pub.RUN_FIELDS:
+            assert run.get(field) is not None, (run["id"], field)
+        src = data["sources"][run["source"]]
+        assert re.fullmatch(r"[0-9a-f]{40}", src["commit"]) and src["repo"] and src["path"] and src["definition"]
+        assert run["published"]["tokens_per_s_per_gpu"] > 0
+        system = data["systems"][run["system"]]
+        assert hardware.find_gpu(system["gpu"]) is not None and system["stated"]
+    gpus = {data["systems"][r["system"]]["gpu"] for r in runs}
+    assert any("A100" in g for g in gpus) and any("H100" in g for g in gpus)
+    assert min(r["seq"] for r in runs) <= 2048 and max(r["seq"] for r in runs) >= 8192
+    assert any(r["mesh"].get("tp", 1) > 1 and r["mesh"].get("pp", 1) > 1 for r in runs)
+    assert any(r["mesh"].get("zero") == 3 for r in runs)
+
+
+def test_shipped_file_is_package_data():
+    # plan validate --published reads it from the installed package, not from the repository
+    assert pub.SHIPPED.parent.name == "plan" and pub.SHIPPED.is_file()
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "*.yaml" in pyproject["tool"]["setuptools"]["package-data"]["lmsys.plan"]
+
+
+def _two_runs(tmp_path, *, second_gpus=8, drop=None):
+    data = pub.load_published()
+    keep = [r for r in data["runs"] if r["id"] in ("mosaic-a100-80gb-1b-s2k", "titan-a100-llama3-70b")]
+    small = dict(keep[1], id="llama3-70b-on-one-node", gpus=second_gpus, mesh={"dp": second_gpus, "zero": 3},
+                 global_batch=second_gpus)
+    runs = [keep[0], small]
+    if drop:
+        runs[0] = {k: v for k, v in runs[0].items() if k != drop}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({**{k: data[k] for k in ("sources", "models", "systems")}, "runs": runs}))
+    return path
+
+
+def test_loader_names_a_missing_field(tmp_path):
+    with pytest.raises(LmsysError, match=r"run mosaic-a100-80gb-1b-s2k lacks micro_batch"):
+        pub.load_published(_two_runs(tmp_path, drop="micro_batch"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runs: []\n")
+    with pytest.raises(LmsysError, match="a list of runs"):
+        pub.load_published(bad)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+def test_validate_published_two_runs_one_does_not_fit(lmsys, tmp_path):
+    path = _two_runs(tmp_path)
+    r = lmsys("plan", "validate", "--published", str(path), "--format", "json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    rows = out["rows"]
+    assert [row["run"] for row in rows] == ["mosaic-a100-80gb-1b-s2k", "llama3-70b-on-one-node"]
+    for row in rows:
+        assert {"published tok/s/GPU", "predicted tok/s/GPU", "error %", "predicted GiB", "fits"} <= set(row)
+        assert row["error %"] == pytest.approx(100 * (row["predicted tok/s/GPU"] / row["published tok/s/GPU"] - 1))
+    assert rows[0]["fits"] is True
+    assert rows[1]["fits"] is False  # 70B with AdamW state on 8 × 80 GB: a row, not a crash
+    assert any("llama3-70b-on-one-node" in n and "not to fit" in n for n in out["notes"])
+    assert any(re.search(r"mean \|error\| [\d.]+ %, max [\d.]+ %", n) for n in out["notes"])
+
+
+def test_validate_needs_profile_or_published(lmsys, tmp_path):
+    r = lmsys("plan", "validate")
+    assert r.code == 2 and "--profile FILE" in r.err and "--published" in r.err and "Traceback" not in r.err
+    r = lmsys("plan", "validate", str(tmp_path / "runs.yaml"))
+    assert r.code == 2 and "only with --published" in r.err
+
+
+def test_validate_published_missing_file(lmsys, tmp_path):
+    r = lmsys("plan", "validate", "--published", str(tmp_path / "nope.yaml"))
+    assert r.code == 2 and "cannot read it" in r.err
+
+
+# ------------------------------------------------------------------------------------ the new terms
+
+def test_inter_node_busbw_is_the_nodes_injection_bandwidth():
+    # A100 80GB SXM table: NVLink 600 GB/s both ways -> 300 one way × 0.8 = 240 GB/s busbw in a node;
+    # 25 GB/s NIC per GPU × 0.8 = 20 GB/s. A group with 8 GPUs in each node: 8 rings, one per NIC: 160 GB/s.
+    rates = ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16")
+    assert rates.link(64, inter=True, per_node=8) == pytest.approx(160.0)
+    assert rates.link(64, inter=True, per_node=1) == pytest.approx(20.0)  # strided: one GPU a node
+    assert rates.link(64, inter=True, per_node=32) == pytest.approx(240.0)  # capped by NVLink
+    # all-gather of 1 GB over 64 GPUs, 8 a node: 1e9 · 63/64 / 160e9 s + one 10 µs latency
+    ms = rates.collective_ms("all-gather", 64, nbytes=1e9, inter=True, per_node=8)
+    assert ms == pytest.approx(1e9 * 63 / 64 / 160e9 * 1e3 + 0.010)
+
+
+def test_fsdp_across_nodes_uses_every_nic():
+    # 8 nodes × 8 GPUs of FSDP: the dp group has 8 GPUs in each node, so its gathers run at 8 NICs' rate;
+    # the same mesh with tp=8 inside the node leaves one dp GPU a node (the NIC's rate)
+    from lmsys.plan.shape import gpt
+
+    m = gpt("g", d_model=4096, layers=8, heads=32)
+    rates = ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16")
+    prec = mem.PRECISIONS["master"]
+    wide = ptime.step_time(m, mem.Layout(dp=64, zero=3, microbatches=1), prec, rates, gpus_per_node=8)
+    n = mem.stage_params(m, mem.Layout(dp=64, zero=3), first=True, last=True)
+    gather = rates.collective_ms("all-gather", 64, nbytes=n * prec.weight, inter=True, per_node=8)
+    scatter = rates.collective_ms("reduce-scatter", 64, nbytes=n * prec.grad, inter=True, per_node=8)
+    assert gather == pytest.approx(n * 2 * 63 / 64 / 160e9 * 1e3 + 0.010)
+    fwd = m.layers * wide.parts["fwd block ms"]
+    bwd = m.layers * wide.parts["bwd block ms"]
+    assert wide.dp_comm == pytest.approx(max(0.0, gather - fwd) + max(0.0, gather + scatter - bwd))
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+def _memory(run_id):
+    data = pub.load_published()
+    run = next(r for r in data["runs"] if r["id"] == run_id)
+    m, lay, cluster = pub.run_shape(data, run), pub.run_layout(run), pub.run_cluster(data, run)
+    return mem.memory(m, lay, pub.run_precision(run), capacity=cluster.capacity), cluster, run
+
+
+def test_published_run_at_its_limit_fits():
+    # MPT-1B, micro-batch 20 at 2048 on 64 H100 80GB without recomputation: the planner puts it within
+    # 2 % of what the GPU holds after its reserve, and it fits, as the run did
+    memory, cluster, _ = _memory("mosaic-h100-1b-s2k-64")
+    assert memory.headroom > 0 and memory.total + memory.reserve > 0.97 * cluster.capacity
+
+
+def test_torchtitan_h100_memory_beside_published():
+    # Llama 3.1 8B, FSDP over 8 H100 96GB, local batch 2 at 8192, selective op checkpointing: 82.4 GiB published
+    memory, _, run = _memory("titan-h100-llama31-8b-8")
+    assert memory.headroom > 0
+    need = (memory.total + memory.reserve) / mem.GiB
+    assert abs(need - run["published"]["memory_GiB"]) / run["published"]["memory_GiB"] < 0.15
+
+
+# ------------------------------------------------------------------------------- the terms by hand
+
+def test_op_checkpoint_saves_every_other_matmul_output():
+    from lmsys.plan.shape import ModelShape
+
+    m = ModelShape(name="t", vocab=64, d_model=8, d_ff=24, layers=2, heads=2, kv_heads=1, seq=4)
+    prec = mem.PRECISIONS["fsdp"]
+    # wq(8) wk(4) wv(4) wo(8) w1(24) w3(24) w2(8): kept wq, wv, w1, w2 outputs; input (2 B), output, lse
+    sbh = 4 * 3 * 8
+    saved = mem.layer_activation_bytes(m, mem.Layout(micro_batch=3, checkpoint="op"), prec)
+    assert saved == 2 * sbh + 2 * 4 * 3 * (8 + 4 + 24 + 8) + 2 * sbh + 4 * 2 * 4 * 3
+    rates = ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16")
+    # recomputed: wk, wo, w3 at 0.75 × 312 TFLOP/s
+    ms = ptime.op_recompute_ms(m, tokens=12, tp=1, rates=rates)
+    assert ms == pytest.approx(2 * 12 * (8 * 4 + 8 * 8 + 8 * 24) / (0.75 * 312e12) * 1e3)
+
+
+def test_fsdp_precision_gathers_16_bits():
+    prec = mem.PRECISIONS["fsdp"]
+    assert (prec.weight, prec.grad, prec.optimizer, prec.cast, prec.gathered) == (4, 4, 8, 0, 2)
+    assert mem.PRECISIONS["autocast"].gathered == 4 and mem.PRECISIONS["master"].gathered == 2
+
+
+def test_stack_sets_the_elementwise_rate():
+    h100 = hardware.GPUS["H100 SXM"]
+    fused = ptime.table_rates(h100, "bf16")
+    eager = ptime.table_rates(h100, "bf16", stack="eager")
+    assert fused.elementwise_GBps == pytest.approx(3350 * 0.8)
+    assert eager.elementwise_GBps == pytest.approx(3350 * 1756.6 / 4800)
+    with pytest.raises(LmsysError, match="stack 'compiled'"):
+        ptime.table_rates(h100, "bf16", stack="compiled")
+
+
+def test_flash_efficiency_per_gpu():
+    # FlashAttention-2 on Hopper: 35 % of the peak (FlashAttention-3's abstract); on the A100 the generic 0.5
+    assert ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16").attention_tflops == pytest.approx(0.35 * 989.5)
+    assert ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16").attention_tflops == pytest.approx(0.5 * 312)
+    assert ptime.table_rates(hardware.GPUS["B200"], "bf16").attention_tflops == pytest.approx(0.5 * 2250)
+    for gpu in hardware.GPUS.values():
+        assert gpu.flash is None or gpu.flash_source
+
+
+def test_low_precision_norm_keeps_its_input_in_the_compute_dtype():
+    from dataclasses import replace
+
+    from lmsys.plan.shape import gpt
+
+    m = replace(gpt("g", d_model=64, layers=2, heads=4), dropout=False)
+    prec = mem.PRECISIONS["autocast"]
+    full = {t.name: t.nbytes for t in mem.saved_tensors(m, b=1, prec=prec)}
+    low = {t.name: t.nbytes for t in mem.saved_tensors(replace(m, low_precision_norm=True), b=1, prec=prec)}
+    assert full["attention norm input"] == 4 and low["attention norm input"] == 2
+
+
+def test_plan_train_mesh_takes_op_checkpointing(lmsys):
+    r = lmsys("plan", "train", "--size", "small", "--gpus", "8", "--gpu", "H100", "--global-batch", "8",
+              "--mesh", "dp=8,zero=3,checkpoint=op", "--format", "json")
+    assert r.code == 0, r.err
+    rows = json.loads(r.out)["rows"]
+    assert rows and {row["checkpoint"] for row in rows} == {"op"} and rows[0]["recompute ms"] > 0
+    r = lmsys("plan", "train", "--size", "small", "--gpus", "8", "--gpu", "H100", "--global-batch", "8",
+              "--format", "json", "--top", "50")
+    assert "op" not in {row["checkpoint"] for row in json.loads(r.out)["rows"]}  # not searched unasked
+
+
+def test_plan_train_stack_production_is_the_default(lmsys):
+    def best(*extra):
+        r = lmsys("plan", "train", "--size", "10b", "--gpus", "8", "--gpu", "H100", "--global-batch", "64",
+                  "--mesh", "dp=8,zero=3,mb=1,checkpoint=full", "--top", "1", "--format", "json", *extra)
+        assert r.code == 0, r.err
+        out = json.loads(r.out)
+        return out["meta"]["stack"], out["rows"][0]
+
+    (stack, default), (_, production), (eager_stack, eager) = best(), best("--stack", "production"), \
+        best("--stack", "eager")
+    assert stack.startswith("production") and eager_stack.startswith("eager")
+    assert default == production
+    # the preset's naive attention and one kernel an op: slower and no less memory than a flash kernel, fused
+    assert eager["step ms"] > production["step ms"] and eager["activations GiB"] >= production["activations GiB"]
+    r = lmsys("plan", "train", "--size", "small", "--stack", "compiled")
+    assert r.code == 2 and "--stack must be one of production, eager" in r.err
