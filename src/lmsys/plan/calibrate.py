@@ -1,11 +1,11 @@
 """`plan calibrate`: measure this machine's rates into a profile that plan train and plan validate predict with.
 
 Timed with lmsys.core.timing's timer, per dtype: each model's matmuls as the model runs them, forward and
-backward apart (on a GPU a CUDA graph of repeats: the device's time alone), materialized attention's s×s
+backward apart (on a GPU a CUDA graph of repeats: the device's time alone, core.timing.time_graph), materialized attention's s×s
 products, attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's
 naive attention, SDPA otherwise); a large copy (HBM or RAM bandwidth), an elementwise multiply at the
 model's activation size, on a GPU the rate a block's own elementwise kernels reach (the profiler's kernel
-time of one block, less its matmuls), the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
+time of one block, less its matmuls: core.timing.kernel_ms), the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
 model with 2 and 6 blocks, their ops counted with a dispatch mode), and the all-reduce busbw per size and
 world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the one launcher): with
 nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a CPU (a few sizes,
@@ -16,7 +16,7 @@ from __future__ import annotations
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB
 from lmsys.core import progress
-from lmsys.core.timing import time_fn
+from lmsys.core.timing import kernel_ms, time_fn, time_graph  # kernel_ms: importable from here too
 from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape, block_gemms, head_gemm
 from lmsys.plan.time import optimizer_bytes
@@ -156,27 +156,6 @@ def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
     return out
 
 
-def _device_ms(fn, *, device, warmup: int, steps: int, reps: int = 8) -> float:
-    """Median ms of one call of `fn` on the device: on a GPU, `reps` calls captured in one CUDA graph and
-    replayed, so that the host's launch cost (which a training step's queue hides where the device sets
-    the pace; the host term counts it apart) stays out of the small matmuls' rates; elsewhere time_fn."""
-    import torch
-
-    if device.type != "cuda":
-        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # cuBLAS picks its kernels and workspace before the capture
-        for _ in range(max(warmup, 1)):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return time_fn(graph.replay, warmup=1, steps=steps, device=device).median / reps
-
-
 def _linear_ms(M: int, K: int, N: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
     """(forward ms, backward ms) of a linear layer as the model runs it (F.linear, weight [N, K]) on M rows:
     x·Wᵀ; then autograd's two products, dY·W and dYᵀ·x."""
@@ -190,7 +169,7 @@ def _linear_ms(M: int, K: int, N: int, *, device, dt, warmup: int, steps: int) -
         g.t() @ x
 
     kw = dict(device=device, warmup=warmup, steps=steps)
-    return _device_ms(lambda: F.linear(x, w), **kw), _device_ms(backward, **kw)
+    return time_graph(lambda: F.linear(x, w), **kw).median, time_graph(backward, **kw).median
 
 
 def _scores_ms(heads: int, s: int, d: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
@@ -212,7 +191,7 @@ def _scores_ms(heads: int, s: int, d: int, *, device, dt, warmup: int, steps: in
         p.transpose(-1, -2) @ q
 
     kw = dict(device=device, warmup=warmup, steps=steps)
-    return _device_ms(forward, **kw), _device_ms(backward, **kw)
+    return time_graph(forward, **kw).median, time_graph(backward, **kw).median
 
 
 def device_memory_GB(device) -> float | None:
@@ -413,28 +392,6 @@ def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batc
                   "ms": elementwise_ms, "GB/s": gbps}
 
 
-def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
-    """The device time of one call of `fn` on a GPU: its kernels' (and copies') durations summed by the
-    profiler, gaps left out, whoever sets the pace (the host, for a small step). Elsewhere, where the host
-    is the device: its median time."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    if device.type != "cuda":
-        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
-    for _ in range(max(warmup, 1)):
-        fn()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize(device)
-    kernels = [e for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
-    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
-
-
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
 
 
@@ -447,7 +404,7 @@ def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int, 
     counts is that many blocks' host time alone, free of what a step runs once (the embedding, the loss,
     the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the ops
     those blocks dispatch (and, checkpointed, by the ops recomputation adds). `blocks`: other block counts
-    (scripts/plan_breakdown.py's twin at the model's depth); recompute=False: the plain twins only (the
+    (a twin at the model's depth); recompute=False: the plain twins only (the
     recomputed op's cost None)."""
     from lmsys.train.step import run_step
 
