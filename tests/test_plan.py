@@ -1119,3 +1119,31 @@ def test_calibrate_times_with_the_one_timer_module():
 
     assert cal.kernel_ms is timing.kernel_ms and cal.time_graph is timing.time_graph
     assert not hasattr(cal, "_device_ms")
+
+
+def test_calibrate_runs_its_measurements_in_order(monkeypatch):
+    # plan calibrate is a list of measurement functions: each reads the Calibration (models, device, dtypes,
+    # batch, the timer's warm-up and steps) and adds its profile fields and rows, in MEASUREMENTS' order;
+    # the GPU-only one (a block's elementwise rate) adds nothing on a CPU
+    import torch
+
+    from lmsys.plan import calibrate as cal
+
+    assert [f.__name__ for f in cal.MEASUREMENTS] == [
+        "measure_compute", "measure_copy", "measure_multiply", "measure_optimizer", "measure_block_elementwise",
+        "measure_host_rates", "measure_collectives"]
+    seen = []
+
+    def stand_in(name):
+        def measure(c):
+            seen.append((name, c.dtypes, c.batch_size, c.timing))
+            c.profile[name] = len(seen)
+            c.rows.append({"what": name})
+        return measure
+
+    monkeypatch.setattr(cal, "MEASUREMENTS", (stand_in("a"), cal.measure_block_elementwise, stand_in("b")))
+    profile, rows = cal.calibrate(load_shape("tiny"), device=torch.device("cpu"), dtypes=["fp32"], batch_size=3,
+                                  warmup=1, steps=2, collectives=False)
+    assert [r["what"] for r in rows] == ["a", "b"] and (profile["a"], profile["b"]) == (1, 2)
+    assert seen[0][1:] == (["fp32"], 3, {"device": torch.device("cpu"), "warmup": 1, "steps": 2})
+    assert profile["device"] and "block_elementwise_GBps" not in profile
