@@ -208,18 +208,32 @@ def test_a_model_larger_than_ram_is_refused_before_it_is_built(lmsys, monkeypatc
     assert line.endswith(" GiB, but 8.0 GiB of RAM is available")
 
 
-def test_train_memory_estimate_counts_states_and_activations():
+def test_train_memory_estimate_is_the_planners_memory_model():
+    # one memory model: the up-front check's estimate is lmsys.plan.memory's peak for the config's shape (naive
+    # attention: the S x S scores count too; one process, no recomputation, fp32 weights under autocast), on
+    # the device it runs on; that model is held against torch's profiler in tests/test_plan_phases.py
     from lmsys.model.config import PRESETS, parameter_count_formula
     from lmsys.model.memory import train_memory_estimate
+    from lmsys.plan import memory as mem
+    from lmsys.plan.shape import from_model_config
 
-    cfg = PRESETS["tiny"]  # naive attention: the S x S scores and probabilities count too
+    cfg = PRESETS["tiny"]
+    shape = from_model_config(cfg, name="tiny")
+    assert shape.attention == "naive"
+    for device in ("cuda", "cpu"):
+        for dtype in ("fp32", "bf16"):
+            planned = mem.memory(shape, mem.Layout(micro_batch=2), mem.precision(dtype, master_weights=False),
+                                 capacity=float("inf"), device=device)
+            assert train_memory_estimate(cfg, batch_size=2, dtype=dtype, device=device) == int(planned.total)
     est = train_memory_estimate(cfg, batch_size=2, dtype="fp32")
-    n = parameter_count_formula(cfg)
-    s, b, d, f, H, L, V = cfg.context_length, 2, cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.num_layers, cfg.vocab_size
-    per_layer = b * s * ((14 * d + 3 * f) * 4 + 8 * d) + b * H * s * s * (4 + 4)
-    assert est == 16 * n + L * per_layer + b * s * V * (4 + 4 + 4)
+    assert est > 16 * parameter_count_formula(cfg)  # fp32 weights, gradients, AdamW's two moments, and more
     assert train_memory_estimate(cfg, batch_size=4) > est  # more batch, more activations
-    assert train_memory_estimate(cfg, batch_size=2, dtype="bf16") < est
+    # autocast over fp32 weights: 16-bit activations, plus the weights' 16-bit copies (and on CUDA an fp32
+    # softmax): less memory where activations dominate, as they do from a few sequences of 512 tokens
+    assert train_memory_estimate(cfg, batch_size=8, dtype="bf16") < train_memory_estimate(cfg, batch_size=8)
+    longer = train_memory_estimate(cfg, batch_size=2, context_length=2 * cfg.context_length)
+    assert longer == train_memory_estimate(cfg.with_overrides(context_length=2 * cfg.context_length), batch_size=2)
+    assert longer > est
 
 
 def test_oversubscribed_gloo_warns(monkeypatch):

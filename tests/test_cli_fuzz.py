@@ -61,6 +61,8 @@ COMMANDS = {
     ("plan", "calibrate"): ["--format", "--device", "--dtype", "--batch-size", "--size", "--profile", "-o"],
     ("plan", "validate"): ["--format", "--device", "--dtype", "--batch-size", "--size", "--profile", "--checkpoint",
                            "-o"],
+    ("plan", "breakdown"): ["--format", "--device", "--dtype", "--batch-size", "--size", "--profile",
+                            "--context-length", "-o"],
     ("list",): ["--format", "-o"],
 }
 # Values that keep a valid run tiny: one step, small shapes.

@@ -1111,38 +1111,39 @@ def test_block_elementwise_times_lmsys_block_at_the_models_width(monkeypatch):
     assert row["ms"] == pytest.approx(1.0 - bc.matmul_fwd - bc.matmul_bwd)
 
 
-def test_kernel_ms_sums_the_profilers_device_events_per_call(monkeypatch):
-    # kernel_ms's GPU path with a stand-in profiler: device-typed events (kernels, copies) summed and
-    # divided by the calls; host events (launches) and user annotations on the device left out
+def test_calibrate_times_with_the_one_timer_module():
+    # the CUDA-graph and profiler timers are core.timing's (their GPU paths are tested there with stand-ins);
+    # plan calibrate's measurements call them, and kernel_ms stays importable from plan.calibrate
+    from lmsys.core import timing
+    from lmsys.plan import calibrate as cal
+
+    assert cal.kernel_ms is timing.kernel_ms and cal.time_graph is timing.time_graph
+    assert not hasattr(cal, "_device_ms")
+
+
+def test_calibrate_runs_its_measurements_in_order(monkeypatch):
+    # plan calibrate is a list of measurement functions: each reads the Calibration (models, device, dtypes,
+    # batch, the timer's warm-up and steps) and adds its profile fields and rows, in MEASUREMENTS' order;
+    # the GPU-only one (a block's elementwise rate) adds nothing on a CPU
     import torch
-    import torch.profiler
-    from torch.autograd import DeviceType
 
     from lmsys.plan import calibrate as cal
 
-    class Event:
-        def __init__(self, device_type, us, annotation=False):
-            self.device_type, self.is_user_annotation = device_type, annotation
-            self.time_range = type("Range", (), {"elapsed_us": lambda _self: us})()
+    assert [f.__name__ for f in cal.MEASUREMENTS] == [
+        "measure_compute", "measure_copy", "measure_multiply", "measure_optimizer", "measure_block_elementwise",
+        "measure_host_rates", "measure_collectives"]
+    seen = []
 
-    events = [Event(DeviceType.CUDA, 300.0), Event(DeviceType.CUDA, 100.0), Event(DeviceType.CPU, 5000.0),
-              Event(DeviceType.CUDA, 7000.0, annotation=True)]
+    def stand_in(name):
+        def measure(c):
+            seen.append((name, c.dtypes, c.batch_size, c.timing))
+            c.profile[name] = len(seen)
+            c.rows.append({"what": name})
+        return measure
 
-    class Profile:
-        def __init__(self, activities):
-            assert activities == [torch.profiler.ProfilerActivity.CUDA]
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def events(self):
-            return events
-
-    calls = []
-    monkeypatch.setattr(torch.profiler, "profile", Profile)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    ms = cal.kernel_ms(lambda: calls.append(1), device=torch.device("cuda"), warmup=1, steps=2)
-    assert ms == pytest.approx(0.2) and len(calls) == 3  # (300 + 100) µs over 2 calls; one warm-up call
+    monkeypatch.setattr(cal, "MEASUREMENTS", (stand_in("a"), cal.measure_block_elementwise, stand_in("b")))
+    profile, rows = cal.calibrate(load_shape("tiny"), device=torch.device("cpu"), dtypes=["fp32"], batch_size=3,
+                                  warmup=1, steps=2, collectives=False)
+    assert [r["what"] for r in rows] == ["a", "b"] and (profile["a"], profile["b"]) == (1, 2)
+    assert seen[0][1:] == (["fp32"], 3, {"device": torch.device("cpu"), "warmup": 1, "steps": 2})
+    assert profile["device"] and "block_elementwise_GBps" not in profile

@@ -104,6 +104,28 @@ def test_no_probes_left_in_scripts():
             assert not OLD_SWITCHES.search(path.read_text()), path
 
 
+def test_scripts_stay_within_900_lines():
+    """issue 40: scripts/ is wrappers of lmsys commands and the sm_90 compiler, 900 lines at most
+    (`wc -l scripts/*.py scripts/gpu/*`); a diagnostic that grows becomes a command (plan breakdown did)."""
+    files = [*(ROOT / "scripts").glob("*.py"), *(p for p in (ROOT / "scripts" / "gpu").iterdir() if p.is_file())]
+    assert sum(len(p.read_text().splitlines()) for p in files) <= 900
+    assert not (ROOT / "scripts" / "plan_breakdown.py").exists()
+
+
+def test_parallel_breakdown_part_runs_the_command(tmp_path):
+    """scripts/gpu/parallel.sh's breakdown part is `lmsys plan breakdown` (with the plan part's profile when
+    that ran first), its table under its command in $OUT/breakdown.md."""
+    commands = dry_run(ROOT / "scripts" / "gpu" / "parallel.sh", tmp_path, PARTS="breakdown")
+    (args,) = [a for argv in commands if (a := lmsys_args(argv)) is not None]
+    assert args[:2] == ["plan", "breakdown"] and "--profile" not in args
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "out" / "gpu.yaml").write_text("device: x\n")
+    commands = dry_run(ROOT / "scripts" / "gpu" / "parallel.sh", tmp_path, PARTS="breakdown")
+    (args,) = [a for argv in commands if (a := lmsys_args(argv)) is not None]
+    assert args[args.index("--profile") + 1] == str(tmp_path / "out" / "gpu.yaml")
+    parse_lmsys(args)
+
+
 @pytest.mark.slow
 def test_compile_sm90_parses_its_options():
     proc = subprocess.run([sys.executable, "scripts/compile_sm90.py", "--help"], cwd=ROOT, capture_output=True,

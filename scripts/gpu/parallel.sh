@@ -15,9 +15,9 @@
 #               loop's time (the CPU's speed of the moment) and plan validate of medium, large and xl bf16 at
 #               checkpoint none with --repeats 3, against the committed H200 profile (issue 30: a time that moves
 #               by more than ±10 % between runs of one command cannot be predicted to 10 %)
-#   breakdown   one GPU: scripts/plan_breakdown.py over BREAKDOWN_SIZES (default xl,2.7b), fp32 and bf16: each
-#               step's kernels (GEMM, AdamW, the rest) and host time beside the time model's parts (with the
-#               plan part's profile when it ran first, else calibrating its sizes itself)
+#   breakdown   one GPU: plan breakdown over BREAKDOWN_SIZES (default xl,2.7b), bf16 and fp32: each step's kernels
+#               by kind and its host issue time beside the time model's parts (with the plan part's profile
+#               when it ran first, else calibrating its sizes itself)
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
 #   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
 #   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
@@ -72,8 +72,8 @@ print(f"python loop ms: median {s.median(t):.2f}, min {min(t):.2f}, max {max(t):
 fi
 if part breakdown; then
   PROFILE=(); [ -f "$OUT/gpu.yaml" ] && PROFILE=(--profile "$OUT/gpu.yaml")  # the plan part's calibration
-  T=240 X python3 scripts/plan_breakdown.py --sizes "${BREAKDOWN_SIZES:-xl,2.7b}" --dtypes bf16,fp32 \
-    --batch-size "${PLAN_BATCH:-4}" "${PROFILE[@]}" | tee "$OUT/breakdown.txt"
+  T=240 run breakdown.md plan breakdown --size "${BREAKDOWN_SIZES:-xl,2.7b}" --dtype bf16,fp32 \
+    --batch-size "${PLAN_BATCH:-4}" "${PROFILE[@]}"
 fi
 # xl has 25 heads, which tp=2 does not divide: the multi-GPU parts take xl with 20 (scripts/gpu/xl-h20.yaml)
 W2="--size scripts/gpu/xl-h20.yaml --dtype bf16 --batch-size 4 --context-length 512 --world-size 2 --backend nccl --impl lmsys,torch --warmup 3 --steps 10"

@@ -13,7 +13,7 @@ The size of a row is the full buffer, as in nccl-tests: the gathered output of a
 input of a reduce-scatter (both rounded down to a multiple of the world size, each rank's part
 bytes / n), the one buffer of an all-reduce or broadcast, what each rank sends (and receives) in a
 send-recv. send-recv pairs ranks 0↔1, 2↔3, ... (an even world size), each pair sending both ways at once. Bandwidths follow nccl-tests (PERFORMANCE.md):
-algbw = bytes / time, busbw = algbw · BUS_FACTORS[collective] (the fraction of the buffer that crosses
+algbw = bytes / time, busbw = algbw · BUS_FACTORS[collective] (lmsys.core.collectives: the one table) (the fraction of the buffer that crosses
 each rank's link), so busbw compares across collectives and world sizes and with the link's peak.
 
 With `baseline`, a second row per size times a bare torch.distributed loop, as one would write it by
@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from lmsys.core import progress
+from lmsys.core.collectives import BUS_FACTORS, bus_factor  # noqa: F401  (importable from here too)
 from lmsys.core.devices import environment, torch_dtype
 from lmsys.core.errors import LmsysError
 from lmsys.core.timing import RegionTimer, Stats, synchronize
@@ -43,24 +44,8 @@ _CHUNK = 1 << 24  # elements per step when filling/checking large buffers (bound
 _PATTERN = 5  # rank r contributes (i mod 5) + r at index i: small integers, exact in fp16/bf16
 
 
-# busbw / algbw per collective on n ranks, as nccl-tests defines it (PERFORMANCE.md): the formula as
-# printed under a table, and its value.
-BUS_FACTORS: dict[str, tuple[str, Callable[[int], float]]] = {
-    "all-reduce": ("2(n−1)/n", lambda n: 2 * (n - 1) / n),
-    "all-gather": ("(n−1)/n", lambda n: (n - 1) / n),
-    "reduce-scatter": ("(n−1)/n", lambda n: (n - 1) / n),
-    "broadcast": ("1", lambda n: 1.0),
-    "send-recv": ("1", lambda n: 1.0),  # sendrecv_perf: each rank's send buffer crosses its link once
-}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 POINT_TO_POINT = ("send-recv",)
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """busbw / algbw for `collective` on n ranks (BUS_FACTORS)."""
-    if collective not in BUS_FACTORS:
-        raise ValueError(f"unknown collective {collective!r}")
-    return BUS_FACTORS[collective][1](n)
 
 
 def collective_notes(collective: str, *, baseline: bool) -> list[str]:

@@ -119,6 +119,55 @@ def calibrate(
     emit(Report("plan calibrate", rows, {**environment(dev), "model": "; ".join(shape.describe() for shape in shapes)}, notes), format, output)
 
 
+@app.command("breakdown")
+def breakdown(
+    size: Annotated[Optional[str], typer.Option(help="Presets or .yaml files, comma list (default: xl,2.7b on a GPU; tiny on a CPU).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Comma list of fp32, bf16, fp16 (default: bf16,fp32 on a GPU; fp32 on a CPU).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Sequences per step (one value).")] = 4,
+    context_length: Annotated[Optional[int], typer.Option("--context-length", "--seq-len", help="Sequence length, one value (default: each preset's own).")] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="A profile from `lmsys plan calibrate` on this machine (default: calibrate --size's models here first, without the all-reduce).")] = None,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", "--iters", help="Timed steps (the median is kept).")] = 8,
+    top: Annotated[int, typer.Option("--top", help="The K largest kernels (CPU: ops) of each step, by name.")] = 10,
+    device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.")] = "auto",
+    quiet: QuietOpt = False,
+    format: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """Where a bench e2e step's time goes, by kernel kind, beside what the time model predicts for each part."""
+    from lmsys.core.parsing import choose, parse_list
+
+    check_render_options(format, output, device=device, quiet=quiet)
+    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), top=(top, 1))
+    if context_length is not None:
+        check_counts(context_length=(context_length, 1))
+    dtypes = [choose(d, ("fp32", "bf16", "fp16"), what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
+        if dtype else None
+    prof = None
+    if profile is not None:
+        from lmsys.plan.profile import load_profile
+
+        prof = load_profile(profile)
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.model.config import get_config
+
+    dev = resolve_device(device)
+    sizes = parse_list(size, str, what="--size") if size else (["xl", "2.7b"] if dev.type == "cuda" else ["tiny"])
+    for s in sizes:
+        get_config(s)  # a bad preset or .yaml: one line now
+    dtypes = dtypes or (["bf16", "fp32"] if dev.type == "cuda" else ["fp32"])
+    for d in dtypes:
+        check_dtype_for_device(d, dev)
+    from lmsys.core import progress
+    from lmsys.plan.breakdown import run_breakdown
+
+    with progress.display("plan breakdown"):
+        reports = run_breakdown(sizes, dtypes=dtypes, batch_size=batch_size, device=dev, profile=prof,
+                                profile_path=str(profile) if profile else None, warmup=warmup, steps=steps,
+                                context_length=context_length, top=top)
+    emit(reports, format, output)
+
+
 @app.command("validate")
 def validate(
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile from `lmsys plan calibrate` on this machine (needed unless --published).")] = None,

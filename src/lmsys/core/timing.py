@@ -1,9 +1,15 @@
-"""The one timer every benchmark in lmsys uses.
+"""The one timer every benchmark in lmsys uses, in three modes.
 
-On a CUDA device each region is bracketed by CUDA events recorded on the current stream, and the events
-are read once, after a single synchronisation at the end: timing does not serialise the host with the
-device between regions. Elsewhere the host clock (perf_counter) is read around the region. Warm-up steps
-are the caller's (or `time_fn`'s) business and are never recorded.
+- Regions (`RegionTimer`, `time_fn`): on a CUDA device each region is bracketed by CUDA events recorded on
+  the current stream, and the events are read once, after a single synchronisation at the end: timing does
+  not serialise the host with the device between regions. Elsewhere the host clock (perf_counter) is read
+  around the region. What the region measures is the wall time of the device's stream (or the host's).
+- A CUDA graph (`time_graph`): `reps` calls captured in one graph and replayed inside a region, so the
+  host's launch cost stays out; what is left is the device's time alone (plan calibrate's matmul rates).
+- The profiler (`kernel_times`, `kernel_ms`): torch.profiler's device events (kernels and copies) summed
+  per call, the gaps between them left out, whoever sets the pace (plan calibrate's block elementwise
+  rate, plan breakdown's kernels by kind). On a CPU `kernel_times` reports the top-level CPU ops instead.
+Warm-up steps are the caller's (or the function's `warmup`) business and are never recorded.
 """
 
 from __future__ import annotations
@@ -111,3 +117,66 @@ def time_fn(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu") 
             fn()
         progress.step()
     return Stats(tuple(timer.samples("fn")))
+
+
+def time_graph(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu", reps: int = 8) -> Stats:
+    """Per-call ms of `fn` on the device alone: on a GPU `reps` calls captured in one CUDA graph, the graph
+    replayed `steps` times (time_fn), each replay's time / reps; the host's launch cost (which a training
+    step's queue hides where the device sets the pace) stays out. The warm-up runs on a side stream before
+    the capture, so cuBLAS picks its kernels and workspace outside it. Elsewhere: `time_fn`."""
+    if not _is_cuda(device):
+        return time_fn(fn, warmup=warmup, steps=steps, device=device)
+    import torch
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    replays = time_fn(graph.replay, warmup=1, steps=steps, device=device)
+    return Stats(tuple(ms / reps for ms in replays.samples_ms))
+
+
+def kernel_times(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu") -> dict[str, float]:
+    """{name: ms per call} from torch.profiler over `steps` calls of `fn` after `warmup` unrecorded ones.
+    On a GPU: the device's events (kernels, memory copies and sets; the profiler's own annotations left
+    out), by kernel name; summed they are the device's busy time, gaps left out. On a CPU, where the host is
+    the device: the top-level CPU ops (those no other recorded op encloses: `aten::linear`, an autograd
+    node's `evaluate_function`, `Optimizer.step#AdamW.step`), each with its dispatch, so that they add up
+    to the calls' time less the Python between ops."""
+    import torch  # noqa: F401  (torch.profiler needs torch imported)
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = _is_cuda(device)
+    for _ in range(max(warmup, 1) if cuda else warmup):
+        fn()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+        synchronize(device)
+    out: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if cuda:
+            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+                continue
+        elif e.device_type != DeviceType.CPU or getattr(e, "cpu_parent", None) is not None:
+            continue
+        out[e.name] += e.time_range.elapsed_us() / 1e3 / steps
+    return dict(out)
+
+
+def kernel_ms(fn: Callable[[], object], *, warmup: int, steps: int, device="cpu") -> float:
+    """The device time of one call of `fn` on a GPU: its kernels' (and copies') durations summed by the
+    profiler (`kernel_times`), gaps left out, whoever sets the pace (the host, for a small step); 0 where
+    the profiler recorded no kernels (a run under nsys or ncu). Elsewhere, where the host is the device:
+    its median time (`time_fn`)."""
+    if not _is_cuda(device):
+        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
+    return sum(kernel_times(fn, warmup=warmup, steps=steps, device=device).values())

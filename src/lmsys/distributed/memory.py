@@ -1,7 +1,7 @@
 """Will a training run fit, and what to say when a rank runs out of memory.
 
-- `fits(config, batch_size=, dtype=, device=)`: lmsys.model.memory's estimate (weights, gradients,
-  AdamW state, activations) against the budget below, with why (the status of an `OOM` row).
+- `fits(config, batch_size=, dtype=, device=)`: the planner's memory model through lmsys.model.memory
+  (weights, gradients, AdamW state, activations) against the budget below, with why (the status of an `OOM` row).
 - `memory_budget(device)`: free device memory (`torch.cuda.mem_get_info`), available RAM on the CPU;
   `LMSYS_MEMORY_BUDGET_MB`, when set, replaces it (tests use it to take the does-not-fit path).
 - `PhaseTracker`: which phase a rank is in (build, forward, backward, comm, optimizer), from hooks on
@@ -46,7 +46,8 @@ def memory_budget(device) -> tuple[int, str]:
 
 def fits(config, *, batch_size: int, dtype: str, device) -> tuple[bool, str]:
     """(fits, why): the estimate against the budget; why is the row's status when it does not fit."""
-    need = train_memory_estimate(config, batch_size=batch_size, dtype=dtype)
+    need = train_memory_estimate(config, batch_size=batch_size, dtype=dtype,
+                                 device="cuda" if getattr(device, "type", device) == "cuda" else "cpu")
     budget, source = memory_budget(device)
     why = f"needs ~{need / GiB:.1f} GiB (estimate), {budget / GiB:.1f} GiB {source}"
     return need <= budget, why

@@ -1,22 +1,25 @@
 """`plan calibrate`: measure this machine's rates into a profile that plan train and plan validate predict with.
 
-Timed with lmsys.core.timing's timer, per dtype: each model's matmuls as the model runs them, forward and
-backward apart (on a GPU a CUDA graph of repeats: the device's time alone), materialized attention's s×s
+A list of measurements (`MEASUREMENTS`, in order), each on lmsys.core.timing's timer, each adding its
+profile fields and rows: per dtype each model's matmuls as the model runs them, forward and backward apart
+(on a GPU a CUDA graph of repeats, `time_graph`: the device's time alone), materialized attention's s×s
 products, attention forward + backward at the model's heads and sequence (naive s×s scores for lmsys's
 naive attention, SDPA otherwise); a large copy (HBM or RAM bandwidth), an elementwise multiply at the
-model's activation size, on a GPU the rate a block's own elementwise kernels reach (the profiler's kernel
-time of one block, less its matmuls), the AdamW step `bench e2e` runs, the host's cost per dispatched op (twins of the
-model with 2 and 6 blocks, their ops counted with a dispatch mode), and the all-reduce busbw per size and
-world size through lmsys.bench.comm (the job `comm allreduce` runs, started by the one launcher): with
-nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2 processes on a CPU (a few sizes,
-1 KiB to 4 MiB); the smallest size's time is the latency."""
+model's activation size, the AdamW step `bench e2e` runs, on a GPU the rate a block's own elementwise
+kernels reach (the profiler's kernel time of one block less its matmuls, `kernel_ms`), the host's cost
+per dispatched op (twins of the model with 2 and 6 blocks, their ops counted with a dispatch mode), and
+the all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm allreduce` runs,
+started by the one launcher): with nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2
+processes on a CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB
 from lmsys.core import progress
-from lmsys.core.timing import time_fn
+from lmsys.core.timing import kernel_ms, time_fn, time_graph  # kernel_ms: importable from here too
 from lmsys.plan.memory import PRECISIONS
 from lmsys.plan.shape import ModelShape, block_gemms, head_gemm
 from lmsys.plan.time import optimizer_bytes
@@ -27,125 +30,209 @@ BUSBW_SIZES = (2**10, 2**20, 2**23, 2**26, 2**28)
 CPU_BUSBW_SIZES = (2**10, 2**14, 2**18, 2**22)
 
 
+@dataclass
+class Calibration:
+    """What every measurement reads (the models, the device, the dtypes, the batch and the timer's warm-up and
+    steps) and writes: the profile, and one row per measurement."""
+
+    models: list
+    device: object
+    dtypes: list
+    batch_size: int
+    warmup: int
+    steps: int
+    collectives: bool
+    profile: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+
+    @property
+    def timing(self) -> dict:
+        return dict(device=self.device, warmup=self.warmup, steps=self.steps)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
 def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
               collectives: bool | None = None) -> tuple[dict, list[dict]]:
-    """(profile, rows): the rates the time model uses, and one row per measurement. `models`: one
-    ModelShape or several; each one's matmul and attention shapes are timed, and the first one's width
-    sizes the host twin and the elementwise multiply. `collectives`: also the all-reduce busbw and latency
-    (None: on a CPU, and on a GPU where 2 or more are visible); the profile has "busbw" and "latency_us"
-    when measured."""
+    """(profile, rows): the rates the time model uses, and one row per measurement, from `MEASUREMENTS` in
+    order. `models`: one ModelShape or several; each one's matmul and attention shapes are timed, and the
+    first one's width sizes the host twin and the elementwise multiply. `collectives`: also the all-reduce
+    busbw and latency (None: on a CPU, and on a GPU where 2 or more are visible); the profile has "busbw"
+    and "latency_us" when measured."""
     import torch
 
+    from lmsys.core.devices import device_name
+
     models = [models] if isinstance(models, ModelShape) else list(models)
-    m = models[0]
     if collectives is None:
         collectives = torch.device(device).type != "cuda" or torch.cuda.device_count() >= 2
-
-    from lmsys.core.devices import device_name, torch_dtype
-
-    rows: list[dict] = []
-    profile: dict = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}, "gemm_tflops": {}}
+    c = Calibration(models, device, list(dtypes), batch_size, warmup, steps, collectives)
+    c.profile = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}, "gemm_tflops": {}}
     memory_GB = device_memory_GB(device)
     if memory_GB is not None:  # plan train's capacity for a device the GPU table does not know (a CPU)
-        profile["memory_GB"] = memory_GB
-    tokens = batch_size * m.seq
-    shapes = {model.name: _matmul_shapes(model, tokens=batch_size * model.seq) for model in models}
-    naive = [model for model in models if model.attention != "flash"]
-    per_dtype = sum(map(len, shapes.values())) + len(naive) + len(models) + 1 + (device.type == "cuda")
-    progress.plan_rows(len(dtypes) * per_dtype + 3)
-    for dtype in dtypes:
+        c.profile["memory_GB"] = memory_GB
+    shapes = sum(len(_matmul_shapes(m, tokens=batch_size * m.seq)) for m in models)
+    naive = sum(m.attention != "flash" for m in models)
+    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3)
+    for measure in MEASUREMENTS:
+        measure(c)
+    return c.profile, c.rows
+
+
+def measure_compute(c: Calibration) -> None:
+    """Per dtype: each model's matmuls (`gemm_tflops`, `matmul_tflops`: all their FLOPs over all their
+    time), materialized attention's s×s products (`scores_tflops`), attention fwd+bwd (`attention_tflops`)."""
+    from lmsys.core.devices import torch_dtype
+
+    for dtype in c.dtypes:
         dt = torch_dtype(dtype)
-        total_flops = total_ms = 0.0
-        points: dict = {}
-        for model in models:
-            tag = f" ({model.name})" if len(models) > 1 else ""
-            for (M, K, N), names in shapes[model.name].items():
-                progress.start_row(f"matmul {names}{tag} {dtype}")
-                fwd_ms, bwd_ms = _linear_ms(M, K, N, device=device, dt=dt, warmup=warmup, steps=steps)
-                flops = 2.0 * M * K * N
-                points[M, K, N] = [M, K, N, flops / fwd_ms / 1e9, 2 * flops / bwd_ms / 1e9]
-                total_flops, total_ms = total_flops + 3 * flops, total_ms + fwd_ms + bwd_ms
-                rows += [{"what": f"matmul {names}{tag}", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}", "ms": fwd_ms,
-                          "TFLOP/s": points[M, K, N][3]},
-                         {"what": f"matmul {names}{tag} backward", "dtype": dtype,
-                          "shape": f"{M}×{N}·{N}×{K}, {N}×{M}·{M}×{K}", "ms": bwd_ms, "TFLOP/s": points[M, K, N][4]}]
-        profile["gemm_tflops"][dtype] = list(points.values())
-        profile["matmul_tflops"][dtype] = total_flops / total_ms / 1e9
-        scores: dict = {}
-        for model in naive:
-            progress.start_row(f"s×s products ({model.name}) {dtype}")
-            heads = batch_size * model.heads
-            if (heads, model.seq, model.d_head) in scores:
-                continue
-            fwd_ms, bwd_ms = _scores_ms(heads, model.seq, model.d_head, device=device, dt=dt, warmup=warmup, steps=steps)
-            flops = 4.0 * heads * model.seq ** 2 * model.d_head
-            scores[heads, model.seq, model.d_head] = [heads, model.seq, model.d_head, flops / fwd_ms / 1e9,
-                                                      2 * flops / bwd_ms / 1e9]
-            shape = f"b{batch_size} h{model.heads} s{model.seq} d{model.d_head}"
-            rows += [{"what": f"attention s×s products (QKᵀ, ·V) ({model.name})", "dtype": dtype, "shape": shape,
-                      "ms": fwd_ms, "TFLOP/s": flops / fwd_ms / 1e9},
-                     {"what": f"attention s×s products backward ({model.name})", "dtype": dtype, "shape": shape,
-                      "ms": bwd_ms, "TFLOP/s": 2 * flops / bwd_ms / 1e9}]
-        if scores:
-            profile.setdefault("scores_tflops", {})[dtype] = list(scores.values())
-        attn_flops = attn_ms = 0.0
-        for model in models:
-            progress.start_row(f"attention ({model.name}) {dtype}")
-            ms, flops, label = _attention(model, device=device, dt=dt, batch=batch_size, warmup=warmup, steps=steps)
-            attn_flops, attn_ms = attn_flops + flops, attn_ms + ms
-            rows.append({"what": f"attention {label} fwd+bwd", "dtype": dtype,
-                         "shape": f"b{batch_size} h{model.heads} s{model.seq} d{model.d_head}", "ms": ms,
-                         "TFLOP/s": flops / (ms * 1e-3) / 1e12})
-        profile["attention_tflops"][dtype] = attn_flops / (attn_ms * 1e-3) / 1e12
+        _matmul_rates(c, dtype, dt)
+        _scores_rates(c, dtype, dt)
+        _attention_rate(c, dtype, dt)
+
+
+def _matmul_rates(c: Calibration, dtype: str, dt) -> None:
+    """Each model's matmuls as it runs them, forward and backward apart (core.timing.time_graph)."""
+    total_flops = total_ms = 0.0
+    points: dict = {}
+    for model in c.models:
+        tag = f" ({model.name})" if len(c.models) > 1 else ""
+        for (M, K, N), names in _matmul_shapes(model, tokens=c.batch_size * model.seq).items():
+            progress.start_row(f"matmul {names}{tag} {dtype}")
+            fwd_ms, bwd_ms = _linear_ms(M, K, N, dt=dt, **c.timing)
+            flops = 2.0 * M * K * N
+            points[M, K, N] = [M, K, N, flops / fwd_ms / 1e9, 2 * flops / bwd_ms / 1e9]
+            total_flops, total_ms = total_flops + 3 * flops, total_ms + fwd_ms + bwd_ms
+            c.rows += [{"what": f"matmul {names}{tag}", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}",
+                        "ms": fwd_ms, "TFLOP/s": points[M, K, N][3]},
+                       {"what": f"matmul {names}{tag} backward", "dtype": dtype,
+                        "shape": f"{M}×{N}·{N}×{K}, {N}×{M}·{M}×{K}", "ms": bwd_ms,
+                        "TFLOP/s": points[M, K, N][4]}]
+    c.profile["gemm_tflops"][dtype] = list(points.values())
+    c.profile["matmul_tflops"][dtype] = total_flops / total_ms / 1e9
+
+
+def _scores_rates(c: Calibration, dtype: str, dt) -> None:
+    """Materialized attention's s×s products at each naive model's heads, sequence and head size."""
+    scores: dict = {}
+    for model in (m for m in c.models if m.attention != "flash"):
+        progress.start_row(f"s×s products ({model.name}) {dtype}")
+        heads = c.batch_size * model.heads
+        if (heads, model.seq, model.d_head) in scores:
+            continue
+        fwd_ms, bwd_ms = _scores_ms(heads, model.seq, model.d_head, dt=dt, **c.timing)
+        flops = 4.0 * heads * model.seq ** 2 * model.d_head
+        scores[heads, model.seq, model.d_head] = [heads, model.seq, model.d_head, flops / fwd_ms / 1e9,
+                                                  2 * flops / bwd_ms / 1e9]
+        shape = f"b{c.batch_size} h{model.heads} s{model.seq} d{model.d_head}"
+        c.rows += [{"what": f"attention s×s products (QKᵀ, ·V) ({model.name})", "dtype": dtype, "shape": shape,
+                    "ms": fwd_ms, "TFLOP/s": flops / fwd_ms / 1e9},
+                   {"what": f"attention s×s products backward ({model.name})", "dtype": dtype, "shape": shape,
+                    "ms": bwd_ms, "TFLOP/s": 2 * flops / bwd_ms / 1e9}]
+    if scores:
+        c.profile.setdefault("scores_tflops", {})[dtype] = list(scores.values())
+
+
+def _attention_rate(c: Calibration, dtype: str, dt) -> None:
+    """Attention forward + backward at each model's heads and sequence (time_fn)."""
+    attn_flops = attn_ms = 0.0
+    for model in c.models:
+        progress.start_row(f"attention ({model.name}) {dtype}")
+        ms, flops, label = _attention(model, dt=dt, batch=c.batch_size, **c.timing)
+        attn_flops, attn_ms = attn_flops + flops, attn_ms + ms
+        c.rows.append({"what": f"attention {label} fwd+bwd", "dtype": dtype,
+                       "shape": f"b{c.batch_size} h{model.heads} s{model.seq} d{model.d_head}", "ms": ms,
+                       "TFLOP/s": flops / (ms * 1e-3) / 1e12})
+    c.profile["attention_tflops"][dtype] = attn_flops / (attn_ms * 1e-3) / 1e12
+
+
+def measure_copy(c: Calibration) -> None:
+    """`hbm_GBps`: a large copy (256 MiB on a GPU, 32 MiB of RAM on a CPU), read + write (time_fn)."""
+    import torch
+
     progress.start_row("memory copy")
-    numel = (256 if device.type == "cuda" else 32) * MiB // 4
-    x = torch.empty(numel, device=device, dtype=torch.float32).normal_()
+    numel = (256 if c.cuda else 32) * MiB // 4
+    x = torch.empty(numel, device=c.device, dtype=torch.float32).normal_()
     y = torch.empty_like(x)
-    ms = time_fn(lambda: y.copy_(x), warmup=warmup, steps=steps, device=device).median
-    profile["hbm_GBps"] = 2 * x.numel() * 4 / (ms * 1e-3) / 1e9  # read + write
-    rows.append({"what": "memory copy", "dtype": "fp32", "shape": f"{x.numel() * 4 // MiB} MiB", "ms": ms,
-                 "GB/s": profile["hbm_GBps"]})
-    del x, y
+    ms = time_fn(lambda: y.copy_(x), **c.timing).median
+    c.profile["hbm_GBps"] = 2 * x.numel() * 4 / (ms * 1e-3) / 1e9  # read + write
+    c.rows.append({"what": "memory copy", "dtype": "fp32", "shape": f"{x.numel() * 4 // MiB} MiB", "ms": ms,
+                   "GB/s": c.profile["hbm_GBps"]})
+
+
+def measure_multiply(c: Calibration) -> None:
+    """`elementwise_GBps`: an fp32 multiply at the first model's s·b·d_ff, read two, write one (time_fn)."""
+    import torch
+
     progress.start_row("elementwise multiply")
+    m = c.models[0]
+    tokens = c.batch_size * m.seq
     n = tokens * m.d_ff
-    a, b, c = (torch.randn(n, device=device) for _ in range(3))
-    ms = time_fn(lambda: torch.mul(a, b, out=c), warmup=warmup, steps=steps, device=device).median
-    profile["elementwise_GBps"] = 3 * n * 4 / (ms * 1e-3) / 1e9  # read two, write one
-    rows.append({"what": "elementwise multiply", "dtype": "fp32", "shape": f"{tokens}×{m.d_ff}", "ms": ms,
-                 "GB/s": profile["elementwise_GBps"]})
-    del a, b, c
+    a, b, out = (torch.randn(n, device=c.device) for _ in range(3))
+    ms = time_fn(lambda: torch.mul(a, b, out=out), **c.timing).median
+    c.profile["elementwise_GBps"] = 3 * n * 4 / (ms * 1e-3) / 1e9  # read two, write one
+    c.rows.append({"what": "elementwise multiply", "dtype": "fp32", "shape": f"{tokens}×{m.d_ff}", "ms": ms,
+                   "GB/s": c.profile["elementwise_GBps"]})
+
+
+def measure_optimizer(c: Calibration) -> None:
+    """`optimizer_GBps`: the AdamW step bench e2e runs, over `optimizer_bytes` a parameter (time_fn)."""
     progress.start_row("AdamW step")
-    ms, numel = _optimizer(device, warmup=warmup, steps=steps)
-    profile["optimizer_GBps"] = numel * optimizer_bytes(PRECISIONS["fp32"]) / (ms * 1e-3) / 1e9
-    rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
-                 "ms": ms, "GB/s": profile["optimizer_GBps"]})
-    if device.type == "cuda":  # the elementwise rate a block's own kernels reach (a CPU: the multiply's)
-        for dtype in dtypes:
-            progress.start_row(f"block elementwise {dtype}")
-            gbps, row = _block_elementwise(m, profile, device=device, dtype=dtype, batch_size=batch_size,
-                                           warmup=warmup, steps=steps)
-            profile.setdefault("block_elementwise_GBps", {})[dtype] = gbps
-            rows.append(row)
-    profile["host_overlap"] = device.type == "cuda"
-    if device.type == "cpu":  # the threads every rate above was measured with (plan validate scales by them)
+    ms, numel = _optimizer(**c.timing)
+    c.profile["optimizer_GBps"] = numel * optimizer_bytes(PRECISIONS["fp32"]) / (ms * 1e-3) / 1e9
+    c.rows.append({"what": "AdamW step (28 B/parameter)", "dtype": "fp32", "shape": f"{numel // 2**20} M parameters",
+                   "ms": ms, "GB/s": c.profile["optimizer_GBps"]})
+
+
+def measure_block_elementwise(c: Calibration) -> None:
+    """On a GPU, per dtype, `block_elementwise_GBps`: the rate a block's own elementwise kernels reach
+    (`_block_elementwise`: core.timing.kernel_ms). A CPU: the multiply's rate stands (nothing measured)."""
+    if not c.cuda:
+        return
+    for dtype in c.dtypes:
+        progress.start_row(f"block elementwise {dtype}")
+        gbps, row = _block_elementwise(c.models[0], c.profile, dtype=dtype, batch_size=c.batch_size, **c.timing)
+        c.profile.setdefault("block_elementwise_GBps", {})[dtype] = gbps
+        c.rows.append(row)
+
+
+def measure_host_rates(c: Calibration) -> None:
+    """`host_overlap` (a GPU), `threads` (a CPU: what every rate above was measured with; plan validate scales
+    by them), and per dtype `launch_us`, `launch_us_recompute` and `ops` (`measure_host`: the host twins)."""
+    import torch
+
+    profile = c.profile
+    profile["host_overlap"] = c.cuda
+    if c.device.type == "cpu":
         profile["threads"] = torch.get_num_threads()
     profile["launch_us"], profile["launch_us_recompute"], profile["ops"] = {}, {}, {}
-    for dtype in dtypes:
+    for dtype in c.dtypes:
         progress.start_row(f"host {dtype}")
-        us, us_again, ops, times = measure_host(m, device=device, dtype=dtype, warmup=warmup, steps=steps)
+        us, us_again, ops, times = measure_host(c.models[0], dtype=dtype, **c.timing)
         profile["launch_us"][dtype], profile["launch_us_recompute"][dtype], profile["ops"][dtype] = us, us_again, ops
-        rows.append({"what": "host, per dispatched op", "dtype": dtype,
-                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks, {HOST_SEQ if device.type == 'cuda' else 8} tokens",
-                     "ms": times["none"], "µs/op": us})
-        rows.append({"what": "host, per recomputed op", "dtype": dtype,
-                     "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} checkpointed blocks", "ms": times["block"],
-                     "µs/op": us_again})
-    if collectives:
-        busbw, latency_us, comm_rows = _busbw(device, dtypes[-1], warmup=warmup, steps=steps)
-        if busbw:
-            profile["busbw"], profile["latency_us"] = busbw, latency_us
-        rows += comm_rows
-    return profile, rows
+        c.rows.append({"what": "host, per dispatched op", "dtype": dtype,
+                       "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} blocks, {HOST_SEQ if c.cuda else 8} tokens",
+                       "ms": times["none"], "µs/op": us})
+        c.rows.append({"what": "host, per recomputed op", "dtype": dtype,
+                       "shape": f"{HOST_BLOCKS[1] - HOST_BLOCKS[0]} checkpointed blocks", "ms": times["block"],
+                       "µs/op": us_again})
+
+
+def measure_collectives(c: Calibration) -> None:
+    """With `collectives`: `busbw` and `latency_us`, the all-reduce through lmsys.bench.comm's job (`_busbw`)."""
+    if not c.collectives:
+        return
+    busbw, latency_us, comm_rows = _busbw(c.device, c.dtypes[-1], warmup=c.warmup, steps=c.steps)
+    if busbw:
+        c.profile["busbw"], c.profile["latency_us"] = busbw, latency_us
+    c.rows += comm_rows
+
+
+# plan calibrate, in order: each measurement reads the Calibration and adds its profile fields and rows
+MEASUREMENTS = (measure_compute, measure_copy, measure_multiply, measure_optimizer, measure_block_elementwise,
+                measure_host_rates, measure_collectives)
 
 
 def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
@@ -154,27 +241,6 @@ def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
     for name, M, K, N in [*block_gemms(m, tokens=tokens), head_gemm(m, tokens=tokens)]:
         out[M, K, N] = f"{out[M, K, N]} / {name}" if (M, K, N) in out else name
     return out
-
-
-def _device_ms(fn, *, device, warmup: int, steps: int, reps: int = 8) -> float:
-    """Median ms of one call of `fn` on the device: on a GPU, `reps` calls captured in one CUDA graph and
-    replayed, so that the host's launch cost (which a training step's queue hides where the device sets
-    the pace; the host term counts it apart) stays out of the small matmuls' rates; elsewhere time_fn."""
-    import torch
-
-    if device.type != "cuda":
-        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # cuBLAS picks its kernels and workspace before the capture
-        for _ in range(max(warmup, 1)):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return time_fn(graph.replay, warmup=1, steps=steps, device=device).median / reps
 
 
 def _linear_ms(M: int, K: int, N: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
@@ -190,7 +256,7 @@ def _linear_ms(M: int, K: int, N: int, *, device, dt, warmup: int, steps: int) -
         g.t() @ x
 
     kw = dict(device=device, warmup=warmup, steps=steps)
-    return _device_ms(lambda: F.linear(x, w), **kw), _device_ms(backward, **kw)
+    return time_graph(lambda: F.linear(x, w), **kw).median, time_graph(backward, **kw).median
 
 
 def _scores_ms(heads: int, s: int, d: int, *, device, dt, warmup: int, steps: int) -> tuple[float, float]:
@@ -212,7 +278,7 @@ def _scores_ms(heads: int, s: int, d: int, *, device, dt, warmup: int, steps: in
         p.transpose(-1, -2) @ q
 
     kw = dict(device=device, warmup=warmup, steps=steps)
-    return _device_ms(forward, **kw), _device_ms(backward, **kw)
+    return time_graph(forward, **kw).median, time_graph(backward, **kw).median
 
 
 def device_memory_GB(device) -> float | None:
@@ -413,28 +479,6 @@ def _block_elementwise(m: ModelShape, profile: dict, *, device, dtype: str, batc
                   "ms": elementwise_ms, "GB/s": gbps}
 
 
-def kernel_ms(fn, *, device, warmup: int, steps: int) -> float:
-    """The device time of one call of `fn` on a GPU: its kernels' (and copies') durations summed by the
-    profiler, gaps left out, whoever sets the pace (the host, for a small step). Elsewhere, where the host
-    is the device: its median time."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    if device.type != "cuda":
-        return time_fn(fn, warmup=warmup, steps=steps, device=device).median
-    for _ in range(max(warmup, 1)):
-        fn()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize(device)
-    kernels = [e for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
-    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
-
-
 HOST_BLOCKS = (2, 6)  # the tiny steps' block counts whose difference the host rates are measured on
 
 
@@ -447,7 +491,7 @@ def measure_host(m: ModelShape, *, device, dtype: str, warmup: int, steps: int, 
     counts is that many blocks' host time alone, free of what a step runs once (the embedding, the loss,
     the optimizer's Python), which a whole tiny step would spread over too few ops; divided by the ops
     those blocks dispatch (and, checkpointed, by the ops recomputation adds). `blocks`: other block counts
-    (scripts/plan_breakdown.py's twin at the model's depth); recompute=False: the plain twins only (the
+    (a twin at the model's depth); recompute=False: the plain twins only (the
     recomputed op's cost None). Each twin's step is timed by lmsys.train.loop's timed_loop, as bench e2e's
     is: its "step" region (forward and backward; the gradients are cleared before it, outside)."""
     from lmsys.train.loop import timed_loop

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmsys.core.collectives import BUS_FACTORS, bus_factor  # noqa: F401  (busbw / algbw, nccl-tests)
 from lmsys.plan.memory import Layout, Precision, stage_params
 from lmsys.plan.shape import ModelShape, block_gemms, flops_per_token, head_gemm, layer_matmul_params
 
@@ -140,14 +141,14 @@ class Rates:
         return self.intra_GBps
 
     def collective_ms(self, kind: str, group: int, *, nbytes: float, inter: bool = False, per_node: int = 1) -> float:
-        """ms of one collective (`BUS_FACTORS`' kinds) of `nbytes` (the full buffer, as nccl-tests counts
+        """ms of one collective (`lmsys.core.collectives.BUS_FACTORS`' kinds, or "send") of `nbytes` (the full buffer, as nccl-tests counts
         it) over `group` ranks: from the measured all-reduce times on `group` ranks when the profile has
         them (within a node), else latency + bytes · bus factor / the table's busbw (an all-reduce as a
         reduce-scatter and an all-gather: two latencies)."""
-        factor = BUS_FACTORS[kind](group)
+        factor = bus_factor(kind, group)
         measured = self.busbw.get(group) or self.busbw.get(str(group))
         if measured and not inter:
-            return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / BUS_FACTORS["all-reduce"](group)
+            return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / bus_factor("all-reduce", group)
         bw = self.link(group, inter=inter, per_node=per_node) * 1e9 / 1e3  # bytes per ms
         return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
 
@@ -162,16 +163,11 @@ def _nearest(points: tuple, key: tuple, column: int) -> float | None:
     return float(best[column])
 
 
-# busbw / algbw, nccl-tests' convention (as lmsys.bench.comm.BUS_FACTORS; send: what crosses one link)
-BUS_FACTORS = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
-               "reduce-scatter": lambda n: (n - 1) / n, "send": lambda n: 1.0}
-
-
 def allreduce_ms(points: dict, *, group: int, nbytes: float) -> float:
     """An all-reduce's ms at `nbytes` on `group` ranks from measured (bytes -> busbw GB/s) points: each
     point's time is bytes · 2(n-1)/n / busbw; linear between points, the smallest point's time below
     them (latency-bound), the largest point's busbw above them."""
-    factor = BUS_FACTORS["all-reduce"](group)
+    factor = bus_factor("all-reduce", group)
     times = sorted((int(k), int(k) * factor / (float(v) * 1e9) * 1e3) for k, v in points.items())
     if nbytes <= times[0][0]:
         return times[0][1]
