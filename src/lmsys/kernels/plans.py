@@ -17,7 +17,8 @@ of the shapes and strides in the key. A call whose key differs in any of them bu
 launch hooks (profilers) and the interpreter take the normal path; so does any recorded call the plan
 cannot replay: an argument not named at its launch, a copy of an input (a strided view the Gluon kernel
 copies), an output that is not one `alloc` made (the atomic backward's cast). `ENABLED` is off under the
-interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch).
+interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
+with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: scripts/host_overhead.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import os
 
 import torch
 from triton import knobs as _knobs
@@ -35,7 +37,8 @@ from triton.runtime import driver as _driver
 from lmsys.kernels import triton_interpreted
 
 INTERPRET = triton_interpreted()
-ENABLED = not INTERPRET  # plans on by default only where kernels are compiled
+# plans on by default only where kernels are compiled; LMSYS_FLASH_PLANS=0: every call the normal path
+ENABLED = not INTERPRET and os.environ.get("LMSYS_FLASH_PLANS") != "0"
 MAX_PLANS = 512  # keys kept; past it the cache starts over (a sweep of many shapes)
 NORMAL = "normal"  # a key whose calls take the normal path (see the module docstring)
 
@@ -215,7 +218,7 @@ class Plan:
                 t = x.base if desc is not None else x
                 if name not in env or not isinstance(t, torch.Tensor) or t.data_ptr() != env[name].data_ptr():
                     return NORMAL  # a copy or a view elsewhere: not the call's tensor
-                slots.append((i, name, desc))
+                slots.append((i, name, None if desc is None else _rebase(desc, None)))  # no tensor kept
                 values[i] = None
             if any(isinstance(x, torch.Tensor) or _is_descriptor(x) for x in values):
                 return NORMAL  # a tensor nobody named would be pinned in the plan
