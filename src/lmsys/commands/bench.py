@@ -177,6 +177,8 @@ def attention(
     notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
     notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
                  "(inputs, saved tensors, output), peak during the backward.")
+    notes.append("host µs: median host time to issue one forward+backward on an idle device, after the timed "
+                 "steps; near fwd+bwd ms × 1000 the row is host-bound (on a CPU: the whole step).")
     report = Report("bench attention", rows, meta, notes)
     if plot is not None:
         title = f"attention fwd+bwd, {attention.describe_sweeps(sweeps).split(', warmup')[0]}"
