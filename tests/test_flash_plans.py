@@ -203,6 +203,87 @@ def test_recorded_without_grad_starts_the_backward_compiles_once_a_backward_foll
     assert started == [(False, flash.DEFAULT_POLICY)]
 
 
+def test_a_plan_keeps_no_tensor_of_the_call_it_recorded(planned):
+    """The plan holds the arguments that are not tensors; the recorded call's inputs and outputs are freed
+    with the caller's last reference (a plan pinning them would hold GPU memory for the process's life)."""
+    import gc
+    import weakref
+
+    q, k, v = _qkv((1, 2), 24, 40, 16, torch.float32)
+    out = flash.FlashAttentionTriton.apply(q, k, v, True)
+    out.sum().backward()
+    refs = [weakref.ref(x) for x in (q, k, v, out, q.grad)]
+    assert len(planned._PLANS) == 2
+    del q, k, v, out
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_lmsys_flash_plans_0_turns_them_off():
+    """LMSYS_FLASH_PLANS=0: every call takes the normal path (read at import); plans are on by default
+    where kernels are compiled (not under the interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from lmsys.kernels import plans; print(plans.ENABLED)"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    env.pop("LMSYS_FLASH_PLANS", None)
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "LMSYS_FLASH_PLANS": "0"}, capture_output=True,
+                         text=True, check=True)
+    interpreted = subprocess.run([sys.executable, "-c", code], env={**env, "TRITON_INTERPRET": "1"},
+                                 capture_output=True, text=True, check=True)
+    assert (on.stdout.strip(), off.stdout.strip(), interpreted.stdout.strip()) == ("True", "False", "False")
+
+
+def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch):
+    """Where kernels are compiled, a step calls the CompiledKernel's launcher with the grid, the stream,
+    the function handle, the packed metadata, the launch metadata the kernel gives, the hooks, and every
+    argument with the new call's tensors in their places (a fake kernel records the call, on the CPU)."""
+    monkeypatch.setattr(plans, "INTERPRET", False)
+    calls = []
+
+    class Compiled:  # what the normal launch returned
+        function, packed_metadata = "function", "packed"
+
+        class metadata:
+            global_scratch_size = 0
+
+        def run(self, *args):
+            calls.append(args)
+
+        def launch_metadata(self, grid, stream, *args):  # as JITFunction.run asks for it
+            assert grid == (16, 2, 1) and stream == "stream" and len(args) == 14
+            return "launch metadata"
+
+    class Driver:
+        class active:
+            get_current_stream = staticmethod(lambda device: "stream")
+
+    monkeypatch.setattr(plans, "_driver", Driver)
+    o, d = torch.empty(3, 4), torch.empty(3)
+    q = torch.randn(3, 4)
+    rec = plans.Recording()
+    rec.allocs["o"] = (o, (3, 4), torch.float32, o.device, False)
+    rec.allocs["delta"] = (d, (3,), torch.float32, d.device, False)
+    rec.steps.append((flash_triton._attn_bwd_preprocess, Compiled(), lambda meta: (meta["BLOCK_M"], 2),
+                      (o, q, d, 4, 1, 4, 4, 1, 4, 1, 3), dict(HEAD_DIM=4, HEAD_DIM_PAD=4, BLOCK_M=16),
+                      ("o", "do", "delta")))
+    plan = plans.Plan.build(rec, {"do": q}, (o, d), {"pre": "16"})
+    assert isinstance(plan, plans.Plan) and plan.direct and not plan.scratch
+    q2 = torch.randn(3, 4)
+    o2, d2 = plan.run({"do": q2})
+    assert len(calls) == 1
+    (*head, o_arg, q_arg, d_arg), rest = calls[0][:12], calls[0][12:]
+    from triton import knobs
+
+    hooks = [knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook]
+    assert head[:7] == [16, 2, 1, "stream", "function", "packed", "launch metadata"] and head[7:] == hooks
+    assert o_arg is o2 and q_arg is q2 and d_arg is d2 and o2.data_ptr() != o.data_ptr()
+    assert list(rest) == [4, 1, 4, 4, 1, 4, 1, 3, 4, 4, 16]  # the rest as recorded, constexprs included
+
+
 def test_launch_call_matches_triton():
     """The direct launch calls a CompiledKernel's launcher as JITFunction.run does after its cache lookup
     (triton 3.6 and 3.9 alike); a Triton that changes that call must fail here, not launch wrongly."""

@@ -13,12 +13,16 @@ launchers' Python, the tuner lookups, the descriptor checks and Triton's per-arg
 Why the key is enough: Triton specializes a kernel on its arguments' types, on pointers' and integers'
 divisibility by 16 and on integers equal to 1. The pointers are the inputs (alignment in the key) and
 outputs `alloc` made (torch's blocks: 512-byte aligned); every integer is a length or a stride, functions
-of the shapes and strides in the key. A call whose key differs in any of them builds its own plan; Triton's
-launch hooks (profilers) and the interpreter take the normal path; so does any recorded call the plan
-cannot replay: an argument not named at its launch, a copy of an input (a strided view the Gluon kernel
-copies), an output that is not one `alloc` made (the atomic backward's cast). `ENABLED` is off under the
+of the shapes and strides in the key. A call whose key differs in any of them builds its own plan; launch
+hooks (profilers) are called as Triton calls them. The interpreter takes the normal path; so does any
+recorded call the plan cannot replay: an argument not named at its launch, a copy of an input (a strided
+view the Gluon kernel copies), an output that is not one `alloc` made (the atomic backward's cast). `ENABLED` is off under the
 interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
 with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: scripts/host_overhead.py).
+
+The rule for launchers: a plan replays only `alloc` and `launch`. Work on tensors done any other way on a
+path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
+or make sure it leaves the call's tensors other than the inputs (a copy fails the address check above).
 """
 
 from __future__ import annotations
@@ -186,6 +190,7 @@ class Plan:
     def __init__(self, steps: list, allocs: list, outputs: list, ran: dict, device_index, scratch: bool):
         self.steps, self.allocs, self.outputs, self.ran = steps, allocs, outputs, ran
         self.device_index, self.scratch = device_index, scratch
+        self.direct = any(step.direct for step in steps)
         self.precompiled = False  # whether the backward's compiles were started for this key (flash.py)
 
     @staticmethod
@@ -244,14 +249,14 @@ class Plan:
         env = inputs
         for name, shape, dtype, device, zero in self.allocs:
             env[name] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
-        if self.device_index is not None:
+        if self.direct:
             stream = _driver.active.get_current_stream(self.device_index)
             enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
         for step in self.steps:
             args = step.args(env)
             if step.direct:  # as JITFunction.run launches a kernel it found in its cache
                 g0, g1, g2 = step.grid
-                meta = None if enter is None else step.kernel.launch_metadata(step.grid, stream, *args)
+                meta = step.kernel.launch_metadata(step.grid, stream, *args)  # None without a hook (3.6)
                 step.run(g0, g1, g2, stream, step.function, step.packed, meta, enter, leave, *args)
             else:  # the interpreter: the same arguments through Triton's own launch
                 step.fn[step.grid](*args, **step.options)
