@@ -156,6 +156,18 @@ def test_alignment_and_every_specialized_integer_enter_the_key():
     assert plans.key(("fwd", True, flash.DEFAULT_POLICY), (q, q, q)) != base
 
 
+def test_policy_hash_is_computed_once_and_follows_equality():
+    """Policy's hash (part of every plan key) is computed at construction: equal policies hash alike,
+    a changed field changes it, and a pickled policy gets this process's hash back."""
+    import pickle
+
+    policy = replace(flash.DEFAULT_POLICY, configs={"fwd": []}, pick=1)
+    assert hash(policy) == hash(replace(policy)) and policy == replace(policy)
+    assert hash(replace(policy, pick=2)) != hash(policy)
+    again = pickle.loads(pickle.dumps(policy))
+    assert again == policy and hash(again) == hash(policy) and b"_hash" not in pickle.dumps(policy)
+
+
 def test_a_call_the_plan_cannot_replay_takes_the_normal_path(planned):
     """The atomic backward casts its float32 dQ into q's dtype after the launch: not an allocation a plan
     replays, so that key takes the normal path on every call (and stays right)."""

@@ -35,7 +35,7 @@ date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
 if part tests; then
   # one config per kernel unless a test picks its own (compile time), 8 workers; then every other gpu test
   LMSYS_FLASH_AUTOTUNE=0 T=300 X python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_flash_triton.py \
-    tests/test_flash_torch.py > "$OUT/pytest.txt" 2>&1
+    tests/test_flash_torch.py tests/test_flash_plans.py > "$OUT/pytest.txt" 2>&1
   tail -n 3 "$OUT/pytest.txt"
   T=150 X python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_kernels.py tests/test_optimizer_in_backward.py \
     tests/test_profile_memory.py tests/test_distributed_gpu.py > "$OUT/pytest_gpu.txt" 2>&1

@@ -97,6 +97,13 @@ class Policy:
     def __hash__(self):
         return self._hash
 
+    def __getstate__(self):  # the hash is this process's (strings hash apart in each): not pickled
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
     def configs_for(self, kernel: str) -> list:
         """The configs `pick` chooses from for `kernel`."""
         if self.configs is not None:
