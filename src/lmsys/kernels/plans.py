@@ -256,7 +256,7 @@ class Plan:
             args = step.args(env)
             if step.direct:  # as JITFunction.run launches a kernel it found in its cache
                 g0, g1, g2 = step.grid
-                meta = step.kernel.launch_metadata(step.grid, stream, *args)  # None without a hook (3.6)
+                meta = step.kernel.launch_metadata(step.grid, stream, *args)
                 step.run(g0, g1, g2, stream, step.function, step.packed, meta, enter, leave, *args)
             else:  # the interpreter: the same arguments through Triton's own launch
                 step.fn[step.grid](*args, **step.options)
