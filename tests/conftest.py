@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -78,6 +79,16 @@ def seed(request) -> int:
     torch.manual_seed(value)
     random.seed(value)
     return value
+
+
+@pytest.fixture(autouse=True)
+def _no_flash_plans():
+    """Every test starts without flash-triton's launch plans (lmsys.kernels.plans): a plan recorded by an
+    earlier test would replay its kernels past what a later test patches (the tuner's memory, the kernels)."""
+    module = sys.modules.get("lmsys.kernels.plans")  # not imported here: most tests never load Triton
+    if module is not None:
+        module.clear()
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -35,6 +36,17 @@ def test_bench_attention_rows_and_flops(lmsys):
         assert row["fwd TFLOP/s"] == pytest.approx(flops / (fwd * 1e-3) / 1e12)
         assert row["fwd+bwd ms"]["mean"] >= row["fwd ms"]["mean"]
         assert row["peak fwd MiB"] is None  # memory is a GPU column
+        assert row["host µs"] > 0 and list(row)[-2:] == ["host µs", "status"]
+    assert any("host µs: median host time to issue one forward+backward" in note for note in doc["notes"])
+
+
+def test_host_us_is_the_median_issue_time_of_min_host_calls_steps(monkeypatch):
+    """`host µs`: min(HOST_CALLS, steps) calls of one forward+backward, each timed alone, the median in µs."""
+    times = iter([0.0, 1e-6, 10.0, 10.000005, 20.0, 20.000003])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(times))
+    calls = []
+    assert bench_attention._host_us(lambda: calls.append(1), torch.device("cpu"), 3) == pytest.approx(3.0)
+    assert len(calls) == 3
 
 
 def test_bench_attention_cpu_defaults_are_small(lmsys, monkeypatch):
@@ -177,11 +189,12 @@ def test_policy_rows_run_flash_triton_under_the_changed_policy(monkeypatch):
     expected = [{f: getattr(default, f) for f in fields} for _ in range(3)]
     expected[1]["persistent"] = True
     expected[2].update(deterministic=False, tma=True)
-    # per variant: the checked first step, the memory step and one timed step, each a forward and a backward
-    per_variant = [seen[i:i + 6] for i in range(0, len(seen), 6)]
-    assert len(seen) == 18
+    # per variant: the checked first step, the memory step, one timed step and one host-µs call
+    # (min(HOST_CALLS, steps)), each a forward and a backward
+    per_variant = [seen[i:i + 8] for i in range(0, len(seen), 8)]
+    assert len(seen) == 24
     for calls, want in zip(per_variant, expected):
-        assert [kind for kind, _ in calls] == ["fwd", "bwd"] * 3
+        assert [kind for kind, _ in calls] == ["fwd", "bwd"] * 4
         assert all({f: getattr(p, f) for f in fields} == want for _, p in calls)
     for r in rows:
         flops = attention_flops(batch=1, heads=2, n_queries=24, n_keys=24, d_head=16, causal=True,

@@ -14,6 +14,11 @@
 #                sdpa-efficient, compiled) FP32_REPEATS times (default 1) -> table_fp32_N.json, with plots
 #   short        the backward at b8 h1 s8192 d64 bf16 causal: flash-triton's levers beside cuDNN, and the
 #                profiler's kernels of one fwd+bwd of each (grid, ms) -> short.md, short_kernels.txt
+#   host         per-call host µs (issue 43 item 3): `bench attention`'s host µs column at 256 and 1,024 keys
+#                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
+#                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
+#                sdpa-flash -> host.md; then scripts/host_overhead.py (forward alone too, and cProfile's top)
+#                -> host_overhead.txt
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
 # table goes to $OUT/<part>.md under the command that printed it, the log to $OUT/attention.log.
 set -u
@@ -30,7 +35,7 @@ date -u; env_line; echo "parts: $PARTS, budget ${BUDGET}s"
 if part tests; then
   # one config per kernel unless a test picks its own (compile time), 8 workers; then every other gpu test
   LMSYS_FLASH_AUTOTUNE=0 T=300 X python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_flash_triton.py \
-    tests/test_flash_torch.py > "$OUT/pytest.txt" 2>&1
+    tests/test_flash_torch.py tests/test_flash_plans.py > "$OUT/pytest.txt" 2>&1
   tail -n 3 "$OUT/pytest.txt"
   T=150 X python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_kernels.py tests/test_optimizer_in_backward.py \
     tests/test_profile_memory.py tests/test_distributed_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
@@ -79,6 +84,20 @@ if part short; then
     --policy pick=0 --policy pick=1 --policy pick=2 --policy pick=3
   [ -e .probe/kernels_of.py ] && T=90 X python3 .probe/kernels_of.py --batch-size 8 --heads 1 --seq-len 8192 --d-head 64 > "$OUT/short_kernels.txt"
   cat "$OUT/short_kernels.txt" 2>/dev/null
+fi
+if part host; then
+  HOST="bench attention --device cuda --dtype bf16 --batch-size 8 --heads 1 --d-head 64 --warmup 10 --steps 30"
+  for c in --causal --no-causal; do
+    T=90 run host.md $HOST $c --context-length 256,1024 --impl flash-triton,sdpa-cudnn,sdpa-flash
+    echo "(the next table: LMSYS_FLASH_PLANS=0, flash-triton without its launch plans)" >> "$OUT/host.md"
+    LMSYS_FLASH_PLANS=0 T=60 run host.md $HOST $c --context-length 256,1024 --impl flash-triton
+  done
+  T=90 run host.md $HOST --causal --context-length 8192 --impl flash-triton,sdpa-cudnn,sdpa-flash
+  T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
+  echo "(the next table: LMSYS_FLASH_PLANS=0)" >> "$OUT/host.md"
+  LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
+  T=150 X python3 scripts/host_overhead.py > "$OUT/host_overhead.txt" 2>&1
+  cat "$OUT/host_overhead.txt"
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"

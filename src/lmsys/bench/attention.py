@@ -6,8 +6,10 @@ with `kv_heads` heads instead when given: grouped-query attention; FLOPs are the
 output against a random dO) with the one timer (CUDA events). Memory, from PyTorch's allocator on a GPU:
 the peak during a forward, what is allocated just before the backward (inputs + saved tensors + output),
 and the peak during the backward. Every row is checked: the first step's output and gradients against a
-float64 reference (`check_step`), and a wrong one gets status `wrong (O err 3.1e-01)` (exit 1). An out-of-memory configuration yields a row with status 'oom' and the
-sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d forward, 2.5× that backward,
+float64 reference (`check_step`), and a wrong one gets status `wrong (O err 3.1e-01)` (exit 1). `host µs`: after the timed steps, the median over min(HOST_CALLS, steps) calls
+of the host time to issue one forward and backward (the Python and launch overhead, the GPU idle at the
+start of each: no queue to wait on); where it comes near `fwd+bwd ms`, the row is host-bound. An
+out-of-memory configuration yields a row with status 'oom' and the sweep goes on. TFLOP/s follow lmsys.core.flops.attention_flops: 4·b·h·s²·d forward, 2.5× that backward,
 halved when causal.
 
 Levers: with `policies`, flash-triton runs once under its default policy and once per variant, each a
@@ -29,6 +31,7 @@ from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
 
+HOST_CALLS = 30  # calls whose issue time gives `host µs` (median)
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,7 @@ def _row(key: dict, sweep: Sweep, device, changes: dict | None) -> dict:
     from lmsys.kernels.registry import USER
 
     measured = ("fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "peak fwd MiB",
-                "before bwd MiB", "peak bwd MiB")
+                "before bwd MiB", "peak bwd MiB", "host µs")
     key = {**key, **dict.fromkeys(measured)}  # a status row has the measured columns too: status stays last
     try:
         row = {**key, **_measure(key["impl"], key["batch"], key["heads"], key["d"], key["seq"], sweep, device,
@@ -351,6 +354,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         progress.step()
     stats = timer.stats()
     fwd, bwd, total = stats["forward"], stats["backward"], stats["forward+backward"]
+    host = _host_us(lambda: torch.autograd.grad(forward(), inputs, do), device, min(HOST_CALLS, sweep.steps))
 
     def rate(direction: str, ms: float) -> float:  # TFLOP/s = attention_flops / seconds / 1e12
         flops = attention_flops(batch=batch, heads=heads, n_queries=seq, n_keys=seq, d_head=d,
@@ -367,6 +371,7 @@ def _measure(impl: str, batch: int, heads: int, d: int, seq: int, sweep: Sweep, 
         "peak fwd MiB": _mib(peak_fwd),
         "before bwd MiB": _mib(before_bwd),
         "peak bwd MiB": _mib(peak_bwd),
+        "host µs": host,
         "status": verdict,
     }
 
@@ -399,6 +404,22 @@ def check_step(out, inputs: tuple, do, causal: bool, dtype: str) -> str:
     del refs, grads
     bad = [f"{name} err {err:.1e}" for name, err in errors.items() if not err <= tol]
     return f"wrong ({', '.join(bad)})" if bad else "ok"
+
+
+def _host_us(step, device, calls: int) -> float:
+    """Median µs the host takes to issue `step` (one forward and backward), each call started on an idle
+    device (synchronized before, not after: the time to issue, not to run). On a CPU, the whole step."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(calls):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    synchronize(device)
+    return statistics.median(times) * 1e6
 
 
 def _mib(n: int | None) -> float | None:

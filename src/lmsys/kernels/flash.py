@@ -16,13 +16,13 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import flash_triton as ft  # names read at each call: patching INTERPRET, CONFIGS... there holds
-from lmsys.kernels import precompile, tuning
+from lmsys.kernels import plans, precompile, tuning
 from lmsys.kernels.shapes import check_qkv
 
 # ------------------------------------------------------------------------------------------ policy
@@ -91,6 +91,18 @@ class Policy:
             if value is not None:
                 value = tuple((key, tuple(v) if isinstance(v, list) else v) for key, v in value)
             object.__setattr__(self, name, value)
+        # hashed once: a policy is part of every call's plan key (lmsys.kernels.plans)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self):
+        return self._hash
+
+    def __getstate__(self):  # the hash is this process's (strings hash apart in each): not pickled
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def configs_for(self, kernel: str) -> list:
         """The configs `pick` chooses from for `kernel`."""
@@ -206,8 +218,8 @@ def _gluon():
 def _gluon_forward(gluon, q4, k4, v4, is_causal: bool):
     """flash_gluon's forward on inputs it took: (o4, lse, what ran)."""
     Z, H, n_q, d = q4.shape
-    o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
-    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+    o4 = plans.alloc("o", (Z, H, n_q, d), q4.dtype, q4.device)
+    lse = plans.alloc("lse", (Z, H, n_q), torch.float32, q4.device)
     with ft._device_guard(q4.device):
         tiles = gluon.forward(q4, k4, v4, o4, lse, is_causal)
     return o4, lse, {"fwd": tiles}
@@ -219,10 +231,10 @@ def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, prepare: 
     flash_triton._launch) None, the compiles appended."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
-    dq32 = (torch.zeros if prepare is None else torch.empty)((Z, H, n_q, d), dtype=torch.float32, device=q4.device)
-    dq = torch.empty(q4.shape, dtype=q4.dtype, device=q4.device)
-    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
-    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
+    dq32 = plans.alloc("dq32", (Z, H, n_q, d), torch.float32, q4.device, zero=prepare is None)
+    dq = plans.alloc("dq", tuple(q4.shape), q4.dtype, q4.device)
+    dk4 = plans.alloc("dk", (Z, H_kv, n_k, d), k4.dtype, q4.device)
+    dv4 = plans.alloc("dv", (Z, H_kv, n_k, d), v4.dtype, q4.device)
     with ft._device_guard(q4.device):
         delta = ft._preprocess(o4, do4, prepare)
         if prepare is not None:
@@ -314,22 +326,78 @@ def _first_call() -> None:
 def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None,
                    precompile_backward: bool = False):
     """(o [..., n_q, d] in q's dtype, L [..., n_q] float32, what ran: {"fwd": tiles}). k, v may have fewer
-    heads than q (dim -3). precompile_backward: a backward will follow (see _precompile_backward)."""
+    heads than q (dim -3). precompile_backward: a backward will follow (see _precompile_backward).
+    A call whose key (lmsys.kernels.plans: shapes, strides, dtypes, device, alignment, causal, policy) was
+    seen replays that call's plan: no checks (the key passed them), two allocations, one direct launch."""
     policy = policy or default_policy()
+    is_causal = bool(is_causal)
+    if not plans.ENABLED:
+        return _forward(q, k, v, is_causal, policy, precompile_backward)
+    key = plans.key(("fwd", is_causal, policy), (q, k, v))
+    plan = plans.lookup(key)
+    if plan is plans.NORMAL:
+        return _forward(q, k, v, is_causal, policy, precompile_backward)
+    if plan is None:  # the first call of this key: the normal path, recorded
+        rec = plans.Recording()
+        o, lse, ran = _forward(q, k, v, is_causal, policy, precompile_backward, rec)
+        plan = plans.Plan.build(rec, {"q": q, "k": k, "v": v}, (o, lse), ran)
+        if plan is not plans.NORMAL:
+            plan.precompiled = precompile_backward
+        plans.store(key, plan)
+        return o, lse, ran
+    if precompile_backward and not plan.precompiled:  # recorded without grad, now a backward follows
+        _precompile_backward(_as_4d(q), _as_4d(k), _as_4d(v), is_causal, policy)
+        plan.precompiled = True
+    if plan.scratch:
+        ft._set_tma_allocator()
+    out = plan.run({"q": q, "k": k, "v": v})
+    if out is None:  # another current device: the normal path switches to q's
+        return _forward(q, k, v, is_causal, policy, precompile_backward)
+    return out[0], out[1], dict(plan.ran)
+
+
+def _forward(q, k, v, is_causal: bool, policy: Policy, precompile_backward: bool,
+             rec: plans.Recording | None = None):
+    """launch_forward without a plan: checks, [Z, H, n, d] views, the dispatch (recorded into `rec`)."""
     if not ft.INTERPRET:
         _first_call()
     _check_inputs(q, k, v)
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     if precompile_backward:
-        _precompile_backward(q4, k4, v4, bool(is_causal), policy)
-    o4, lse, ran = _dispatch("fwd", policy, bool(is_causal), q4, k4, v4)
+        _precompile_backward(q4, k4, v4, is_causal, policy)
+    with plans.recording(rec):
+        o4, lse, ran = _dispatch("fwd", policy, is_causal, q4, k4, v4)
     return o4.view(q.shape), lse.view(q.shape[:-1]), ran
 
 
 def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
     """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"} or {"bwd"} -> tiles), from the saved L;
-    dk, dv summed over each key/value head's group of query heads."""
+    dk, dv summed over each key/value head's group of query heads. A seen key replays its plan, as
+    launch_forward does."""
     policy = policy or default_policy()
+    is_causal = bool(is_causal)
+    if not plans.ENABLED:
+        return _backward(q, k, v, o, lse, do, is_causal, policy)
+    key = plans.key(("bwd", is_causal, policy), (q, k, v, o, lse, do))
+    plan = plans.lookup(key)
+    if plan is plans.NORMAL:
+        return _backward(q, k, v, o, lse, do, is_causal, policy)
+    if plan is None:
+        rec = plans.Recording()
+        dq, dk, dv, ran = _backward(q, k, v, o, lse, do, is_causal, policy, rec)
+        plans.store(key, plans.Plan.build(rec, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do},
+                                          (dq, dk, dv), ran))
+        return dq, dk, dv, ran
+    if plan.scratch:
+        ft._set_tma_allocator()
+    out = plan.run({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do})
+    if out is None:
+        return _backward(q, k, v, o, lse, do, is_causal, policy)
+    return out[0], out[1], out[2], dict(plan.ran)
+
+
+def _backward(q, k, v, o, lse, do, is_causal: bool, policy: Policy, rec: plans.Recording | None = None):
+    """launch_backward without a plan (the dispatch recorded into `rec`)."""
     if not ft.INTERPRET:
         _first_call()
         precompile.wait_all()  # a background compile of these kernels, if any, is finished first
@@ -338,7 +406,8 @@ def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Pol
     lse3 = lse.reshape(Z, H, n_q)
     if lse3.stride() != (H * n_q, n_q, 1):
         lse3 = lse3.contiguous()
-    dq4, dk4, dv4, ran = _dispatch("bwd", policy, bool(is_causal), q4, k4, v4, o4=o4, lse3=lse3, do4=do4)
+    with plans.recording(rec):
+        dq4, dk4, dv4, ran = _dispatch("bwd", policy, is_causal, q4, k4, v4, o4=o4, lse3=lse3, do4=do4)
     return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape), ran
 
 

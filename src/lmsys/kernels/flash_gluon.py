@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lmsys.core.devices import capability
+from lmsys.kernels import plans
 
 LOG2E = 1.4426950408889634
 
@@ -551,11 +552,12 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
     Z, H, n, d = q4.shape
     c = config or CONFIGS[d]
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m // c.consumers, c.block_n)
-    _attn_fwd_ws[(n // c.block_m, Z * H)](q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H,
-                                          H // k4.shape[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d,
-                                          STAGES=c.stages, CAUSAL=bool(is_causal), PIPELINE=c.pipeline,
-                                          CONSUMERS=c.consumers, num_warps=c.warps // c.consumers,
-                                          maxnreg=c.maxnreg)
+    plans.launch(_attn_fwd_ws, (n // c.block_m, Z * H),
+                 (q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H, H // k4.shape[1]),
+                 dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=bool(is_causal),
+                      PIPELINE=c.pipeline, CONSUMERS=c.consumers, num_warps=c.warps // c.consumers,
+                      maxnreg=c.maxnreg),
+                 ("q", "k", "v", "o", "lse"))
     return f"gluon {c.block_m}×{c.block_n}"
 
 
@@ -588,13 +590,14 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
          (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
           n, H, H // k4.shape[1]),
          dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=bool(is_causal),
-              EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg)),
+              EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg),
+         ("q", "k", "v", "do", "dq32", "lse", "delta", "dk", "dv")),
         (_scale_cast, (triton.cdiv(elems, CAST_BLOCK),), (dq32, dq4, 1.0 / math.sqrt(d), elems),
-         dict(BLOCK=CAST_BLOCK, num_warps=4)),
+         dict(BLOCK=CAST_BLOCK, num_warps=4), ("dq32", "dq")),
     ]
-    for kernel, grid, args, consts in launches:
+    for kernel, grid, args, consts, names in launches:
         if prepare is None:
-            kernel[grid](*args, **consts)
+            plans.launch(kernel, grid, args, consts, names)
         else:
             prepare.append(functools.partial(kernel.warmup, *args, grid=grid, **consts))
     return f"gluon {c.block_m}×{c.block_n}"

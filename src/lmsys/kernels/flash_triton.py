@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.runtime import _allocation  # which allocator this thread has (see _set_tma_allocator)
 
 from lmsys.core.devices import capability, sm_count
-from lmsys.kernels import triton_compat, triton_interpreted, tuning
+from lmsys.kernels import plans, triton_compat, triton_interpreted, tuning
 
 if TYPE_CHECKING:
     from lmsys.kernels.flash import Policy
@@ -379,8 +379,9 @@ def _kernels() -> dict:
 
 
 def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor, *, shape: tuple,
-            reset=None, prepare: list | None = None) -> str:
+            names: tuple = (), reset=None, prepare: list | None = None) -> str:
     """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N". shape: (Z, H, GROUP, n_q, n_k);
+    names: the tensors among the leading args, by name (see plans.launch);
     reset: what undoes a run's accumulation before the next (the atomic backward's dQ.zero_), for timing.
     prepare: a list to append the compiles (warmups) of what would run to, instead of running it."""
     fn = _kernels()[kernel]
@@ -395,7 +396,7 @@ def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: tor
         if config is not None:  # None: _tuned added its shortlist
             prepare.append(functools.partial(fn.warmup, *args, grid=grid, **consts, **config.all_kwargs()))
         return ""
-    fn[grid](*args, **consts, **config.all_kwargs())
+    plans.launch(fn, grid, args, {**consts, **config.all_kwargs()}, names)
     return f"{config.kwargs['BLOCK_M']}×{config.kwargs['BLOCK_N']}"
 
 
@@ -787,8 +788,8 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     """The tl forward on [Z, H, n, d] inputs: (o4, lse [Z, H, n_q] float32, what ran)."""
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[2]
-    o4 = torch.empty((Z, H, n_q, d), dtype=q4.dtype, device=q4.device)
-    lse = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+    o4 = plans.alloc("o", (Z, H, n_q, d), q4.dtype, q4.device)
+    lse = plans.alloc("lse", (Z, H, n_q), torch.float32, q4.device)
     use_tma = _tma_usable(policy, q4, k4, v4)
     if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
@@ -810,7 +811,8 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
                   DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
                   PERSISTENT=persistent)
     with _device_guard(q4.device):
-        tiles = _launch("fwd", grid, args, consts, policy, q4, shape=(Z, H, H // k4.shape[1], n_q, n_k))
+        tiles = _launch("fwd", grid, args, consts, policy, q4, shape=(Z, H, H // k4.shape[1], n_q, n_k),
+                        names=("q", "k", "v", "o", "lse"))
     return o4, lse, {"fwd": tiles}
 
 
@@ -818,7 +820,7 @@ def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
     """D = rowsum(dO ∘ O), float32 [Z, H, n_q], by itself (the one-launch backwards need all of it first).
     prepare: see _launch."""
     Z, H, n_q, d = o4.shape
-    delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=o4.device)
+    delta = plans.alloc("delta", (Z, H, n_q), torch.float32, o4.device)
     block = 16 if INTERPRET else 64
     grid = (_cdiv(n_q, block), H, Z)
     args = (o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q)
@@ -826,7 +828,7 @@ def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
     if prepare is not None:
         prepare.append(functools.partial(_attn_bwd_preprocess.warmup, *args, grid=grid, **consts))
     else:
-        _attn_bwd_preprocess[grid](*args, **consts)
+        plans.launch(_attn_bwd_preprocess, grid, args, consts, ("o", "do", "delta"))
     return delta
 
 
@@ -837,10 +839,10 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
     atomic = policy.deterministic is False
-    dq4 = (torch.zeros if atomic and prepare is None else torch.empty)(
-        (Z, H, n_q, d), dtype=torch.float32 if atomic else q4.dtype, device=q4.device)
-    dk4 = torch.empty((Z, H_kv, n_k, d), dtype=k4.dtype, device=q4.device)
-    dv4 = torch.empty((Z, H_kv, n_k, d), dtype=v4.dtype, device=q4.device)
+    dq4 = plans.alloc("dq", (Z, H, n_q, d), torch.float32 if atomic else q4.dtype, q4.device,
+                      zero=atomic and prepare is None)
+    dk4 = plans.alloc("dk", (Z, H_kv, n_k, d), k4.dtype, q4.device)
+    dv4 = plans.alloc("dv", (Z, H_kv, n_k, d), v4.dtype, q4.device)
     sm_scale = 1.0 / math.sqrt(d)
     use_tma = _tma_usable(policy, q4, k4, v4, do4, backward=True)
     if use_tma and q4.device.type == "cuda" and prepare is None:
@@ -860,18 +862,21 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
         if atomic:
             delta = _preprocess(o4, do4, prepare)
         else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
-            delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=q4.device)
+            delta = plans.alloc("delta", (Z, H, n_q), torch.float32, q4.device)
             ran["dq"] = _launch("dq", grid_queries,
                                 (q4, k4, v4, o4, do4, lse3, delta, dq4, sm_scale, *q4.stride()[:3], *k4.stride()[:3],
                                  *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], *shapes),
-                                consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k), prepare=prepare)
+                                consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k),
+                                names=("q", "k", "v", "o", "do", "lse", "delta", "dq"), prepare=prepare)
         tma_dq = atomic and use_tma and policy.tma_reduce_dq and q4.device.type == "cuda" and not INTERPRET
         ran["dkdv"] = _launch("dkdv", grid_keys,
                               (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
                                *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
                                *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
                               {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4,
-                              shape=(Z, *shapes[:2], n_q, n_k), reset=dq4.zero_ if atomic else None,
+                              shape=(Z, *shapes[:2], n_q, n_k),
+                              names=("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq"),
+                              reset=dq4.zero_ if atomic else None,
                               prepare=prepare)
     if prepare is not None:
         return None

@@ -1,0 +1,263 @@
+"""flash-triton's per-call host path: launch plans.
+
+Everything a flash-triton call decides besides the tensors' addresses (the Gluon or tl kernel, the config
+the tuner chose, the grid, the strides and lengths passed, whether TMA runs, the outputs to allocate) is a
+function of the inputs' shapes, strides, dtypes, device and 16-byte alignment, `is_causal`, the `Policy`
+and Triton's debug knobs. The first call with such a key runs the normal path (lmsys.kernels.flash) with a
+`recording` on: every launch goes through `launch` (which records the CompiledKernel that Triton's
+`JITFunction.run` returned, the grid and every argument) and every output through `alloc`. `Plan.build`
+turns that into a plan; a later call with the same key (`lookup`) allocates the outputs and calls each
+CompiledKernel's launcher directly, as `JITFunction.run` does after its own cache lookup, without the
+launchers' Python, the tuner lookups, the descriptor checks and Triton's per-argument specialization.
+
+Why the key is enough: Triton specializes a kernel on its arguments' types, on pointers' and integers'
+divisibility by 16 and on integers equal to 1. The pointers are the inputs (alignment in the key) and
+outputs `alloc` made (torch's blocks: 512-byte aligned); every integer is a length or a stride, functions
+of the shapes and strides in the key. A call whose key differs in any of them builds its own plan; launch
+hooks (profilers) are called as Triton calls them. The interpreter takes the normal path; so does any
+recorded call the plan cannot replay: an argument not named at its launch, a copy of an input (a strided
+view the Gluon kernel copies), an output that is not one `alloc` made (the atomic backward's cast). `ENABLED` is off under the
+interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
+with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: scripts/host_overhead.py).
+
+The rule for launchers: a plan replays only `alloc` and `launch`. Work on tensors done any other way on a
+path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
+or make sure it leaves the call's tensors other than the inputs (a copy fails the address check above).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import inspect
+import os
+
+import torch
+from triton import knobs as _knobs
+from triton.runtime import driver as _driver
+
+from lmsys.kernels import triton_interpreted
+
+INTERPRET = triton_interpreted()
+# plans on by default only where kernels are compiled; LMSYS_FLASH_PLANS=0: every call the normal path
+ENABLED = not INTERPRET and os.environ.get("LMSYS_FLASH_PLANS") != "0"
+MAX_PLANS = 512  # keys kept; past it the cache starts over (a sweep of many shapes)
+NORMAL = "normal"  # a key whose calls take the normal path (see the module docstring)
+
+_PLANS: dict = {}
+_RECORD: contextvars.ContextVar = contextvars.ContextVar("lmsys_flash_plan_recording", default=None)
+STATS = {"hits": 0, "misses": 0, "normal": 0}  # for tests and the host-overhead notes
+
+
+class Recording:
+    """What a normal call launched (`steps`) and allocated (`allocs`, by name), in order."""
+
+    def __init__(self):
+        self.steps: list = []
+        self.allocs: dict = {}
+        self.replayable = True
+
+
+@contextlib.contextmanager
+def recording(rec: Recording | None):
+    """Launches and allocations inside are appended to `rec` (None: nothing recorded, nothing nested)."""
+    token = _RECORD.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORD.reset(token)
+
+
+def alloc(name: str, shape: tuple, dtype, device, zero: bool = False) -> torch.Tensor:
+    """torch.empty (torch.zeros with zero) of an output or scratch tensor a launch writes, named for plans."""
+    t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+    rec = _RECORD.get()
+    if rec is not None:
+        if name in rec.allocs:
+            rec.replayable = False
+        rec.allocs[name] = (t, tuple(shape), dtype, device, zero)
+    return t
+
+
+def launch(fn, grid, args: tuple, kwargs: dict, names: tuple):
+    """fn[grid](*args, **kwargs), Triton's normal launch; `names`: which call's tensor each leading argument
+    is ("q", "k", ... the inputs; the others `alloc`'s names), for a plan being recorded."""
+    kernel = fn[grid](*args, **kwargs)
+    rec = _RECORD.get()
+    if rec is not None:
+        rec.steps.append((fn, kernel, grid, args, kwargs, names))
+    return kernel
+
+
+def key(head: tuple, tensors) -> tuple:
+    """A plan's key: `head` (direction, causal, policy), Triton's knobs that enter its own kernel key, and
+    each tensor's shape, strides, dtype, device and 16-byte alignment (one flat tuple: this runs on every
+    call)."""
+    runtime = _knobs.runtime
+    parts = [head, runtime.debug, getattr(_knobs.compilation, "instrumentation_mode", None)]
+    for t in tensors:
+        parts += (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
+    return tuple(parts)
+
+
+def lookup(k: tuple):
+    """The plan of key k, NORMAL, or None (not seen: record one)."""
+    plan = _PLANS.get(k)
+    if plan is None:
+        STATS["misses"] += 1
+    elif plan is NORMAL:
+        STATS["normal"] += 1
+    else:
+        STATS["hits"] += 1
+    return plan
+
+
+def store(k: tuple, plan) -> None:
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[k] = plan
+
+
+def clear() -> None:
+    _PLANS.clear()
+    for name in STATS:
+        STATS[name] = 0
+
+
+@functools.lru_cache(maxsize=None)
+def _params(fn) -> tuple:
+    """(name, default) of a jit function's parameters, in order."""
+    return tuple((p.name, p.default) for p in inspect.signature(fn.fn).parameters.values())
+
+
+def _bound(fn, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """Every parameter's value in order (constexprs too: what Triton's launcher takes) and the options."""
+    params = _params(fn)
+    values = list(args)
+    for name, default in params[len(args):]:
+        values.append(kwargs[name] if name in kwargs else default)
+    names = {name for name, _ in params}
+    return values, {k: v for k, v in kwargs.items() if k not in names}
+
+
+def _is_descriptor(x) -> bool:
+    return hasattr(x, "base") and hasattr(x, "block_shape")
+
+
+def _rebase(desc, base):
+    """A copy of a tensor descriptor over `base` (same shape, strides, block and layout): what the launcher
+    reads of it is base.data_ptr() and those, so the checks of its constructor need not run again."""
+    try:
+        new = object.__new__(type(desc))
+        new.__dict__.update(desc.__dict__)
+        new.base = base
+        return new
+    except (AttributeError, TypeError):
+        return dataclasses.replace(desc, base=base)
+
+
+class Step:
+    """One recorded launch: the compiled kernel and its launcher, the grid, the arguments with the tensors'
+    places left to fill (`slots`: (index, name, descriptor template or None))."""
+
+    __slots__ = ("fn", "kernel", "grid", "template", "slots", "options", "direct", "run", "function", "packed")
+
+    def __init__(self, fn, kernel, grid: tuple, template: list, slots: tuple, options: dict, direct: bool):
+        self.fn, self.kernel, self.grid, self.template = fn, kernel, grid, template
+        self.slots, self.options, self.direct = slots, options, direct
+        if direct:
+            self.run, self.function, self.packed = kernel.run, kernel.function, kernel.packed_metadata
+
+    def args(self, env: dict) -> list:
+        args = self.template.copy()
+        for i, name, desc in self.slots:
+            args[i] = env[name] if desc is None else _rebase(desc, env[name])
+        return args
+
+
+def _compiled(kernel) -> bool:
+    """A CompiledKernel ready to launch (its handles loaded by the normal launch)."""
+    return kernel is not None and getattr(kernel, "function", None) is not None \
+        and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata")
+
+
+class Plan:
+    """A recorded call made replayable: `run(inputs)` allocates what the call allocated and launches what it
+    launched on the new tensors; `outputs`: (name, view shape or None) of what the call returned."""
+
+    def __init__(self, steps: list, allocs: list, outputs: list, ran: dict, device_index, scratch: bool):
+        self.steps, self.allocs, self.outputs, self.ran = steps, allocs, outputs, ran
+        self.device_index, self.scratch = device_index, scratch
+        self.direct = any(step.direct for step in steps)
+        self.precompiled = False  # whether the backward's compiles were started for this key (flash.py)
+
+    @staticmethod
+    def build(rec: Recording, inputs: dict, returned: tuple, ran: dict):
+        """A Plan from a recorded call (`inputs` by name as the call got them, `returned` its tensors), or
+        NORMAL where it cannot be replayed exactly."""
+        if not rec.replayable or not rec.steps:
+            return NORMAL
+        env = dict(inputs)
+        for name, (t, *_rest) in rec.allocs.items():
+            if name in env:
+                return NORMAL
+            env[name] = t
+        if any(t.numel() == 0 for t in env.values()):
+            return NORMAL  # empty tensors share address 0: their names could not be told apart
+        direct = not INTERPRET
+        steps = []
+        for fn, kernel, grid, args, kwargs, names in rec.steps:
+            if hasattr(kernel, "result"):  # a compile future (triton 3.6's async compile)
+                kernel = kernel.result()
+            if direct and not _compiled(kernel):
+                return NORMAL
+            values, options = _bound(fn, args, kwargs)
+            slots = []
+            for i, name in enumerate(names):
+                if name is None:
+                    continue
+                x = values[i]
+                desc = x if _is_descriptor(x) else None
+                t = x.base if desc is not None else x
+                if name not in env or not isinstance(t, torch.Tensor) or t.data_ptr() != env[name].data_ptr():
+                    return NORMAL  # a copy or a view elsewhere: not the call's tensor
+                slots.append((i, name, None if desc is None else _rebase(desc, None)))  # no tensor kept
+                values[i] = None
+            if any(isinstance(x, torch.Tensor) or _is_descriptor(x) for x in values):
+                return NORMAL  # a tensor nobody named would be pinned in the plan
+            g = grid(dict(zip((n for n, _ in _params(fn)), _bound(fn, args, kwargs)[0]))) if callable(grid) else grid
+            g = tuple(g) + (1,) * (3 - len(g))
+            steps.append(Step(fn, kernel, g, values, tuple(slots), options, direct))
+        outputs = []
+        for t in returned:
+            name = next((n for n, (a, *_r) in rec.allocs.items() if a.data_ptr() == t.data_ptr()), None)
+            if name is None or not t.is_contiguous() or t.numel() != env[name].numel():
+                return NORMAL  # not an allocation as made (a cast, a copy)
+            outputs.append((name, None if t.shape == env[name].shape else tuple(t.shape)))
+        allocs = [(name, shape, dtype, device, zero) for name, (_t, shape, dtype, device, zero) in rec.allocs.items()]
+        device = next(iter(inputs.values())).device
+        scratch = direct and any(getattr(s.kernel.metadata, "global_scratch_size", 0) > 0 for s in steps)
+        return Plan(steps, allocs, outputs, dict(ran), device.index if device.type == "cuda" else None, scratch)
+
+    def run(self, inputs: dict) -> list | None:
+        """The recorded call on new inputs: its returned tensors; None where the current CUDA device is not
+        the plan's (the caller takes the normal path, which switches devices)."""
+        if self.device_index is not None and torch.cuda.current_device() != self.device_index:
+            return None
+        env = inputs
+        for name, shape, dtype, device, zero in self.allocs:
+            env[name] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+        if self.direct:
+            stream = _driver.active.get_current_stream(self.device_index)
+            enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+        for step in self.steps:
+            args = step.args(env)
+            if step.direct:  # as JITFunction.run launches a kernel it found in its cache
+                g0, g1, g2 = step.grid
+                meta = step.kernel.launch_metadata(step.grid, stream, *args)
+                step.run(g0, g1, g2, stream, step.function, step.packed, meta, enter, leave, *args)
+            else:  # the interpreter: the same arguments through Triton's own launch
+                step.fn[step.grid](*args, **step.options)
+        return [env[name] if view is None else env[name].view(view) for name, view in self.outputs]
