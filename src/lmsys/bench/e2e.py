@@ -12,11 +12,13 @@ import math
 from dataclasses import replace
 from typing import Iterator
 
+from lmsys.core import progress
 from lmsys.core.devices import check_carveout
 from lmsys.core.errors import LmsysError
 from lmsys.core.flops import MFU_NOTE, mfu
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import NON_FINITE_LOSS, MeanStd
+from lmsys.core.timing import synchronize
 from lmsys.model import describe
 from lmsys.model.config import ModelConfig
 from lmsys.train import MODES

@@ -174,8 +174,13 @@ def _emit(kind: str, value: str = "") -> None:
             pass  # progress is never worth a failure
 
 
+def _rich() -> bool:
+    """A Rich display is drawn (a terminal): its bars would split a line printed beside them."""
+    return _display is not None and hasattr(_display, "progress")
+
+
 def _notice(text: str, *, end: str = "\n") -> None:
-    if _display is not None:
+    if _rich():
         _display.progress.console.print(text, markup=False, highlight=False)
     else:
         print(text, file=sys.stderr, end=end, flush=True)
@@ -189,7 +194,7 @@ def announced(text: str) -> Iterator[None]:
     import time
 
     say = not _quiet and os.environ.get("RANK") in (None, "0")
-    if say and _display is None:
+    if say and not _rich():
         _notice(f"{text} ...", end="")
     start = time.perf_counter()
     ok = False
@@ -199,7 +204,7 @@ def announced(text: str) -> Iterator[None]:
     finally:
         if say:
             took = f"{time.perf_counter() - start:.1f} s" + ("" if ok else " (failed)")
-            _notice(f" {took}" if _display is None else f"{text}: {took}")
+            _notice(f" {took}" if not _rich() else f"{text}: {took}")
 
 
 def plan_rows(total: int) -> None:
