@@ -142,7 +142,8 @@ def test_bench_attention_sweeps_dtype(lmsys):
     (["bench", "e2e", "--fast=3"], "error: Option '--fast' does not take a value", "hint: lmsys bench e2e --help lists the options"),
     (["bogus"], "error: No such command 'bogus'", "hint: lmsys --help lists the commands"),
     (["bench", "bogus"], "error: No such command 'bogus'", "hint: lmsys bench --help lists the commands"),
-    (["plan", "validate"], "error: Missing option '--profile'", "hint: lmsys plan validate --help lists the options"),
+    (["plan", "validate"], "error: plan validate needs --profile FILE (from `lmsys plan calibrate` on this "
+     "machine), or --published [FILE] to predict published runs", "hint: lmsys plan validate --help lists the options"),
 ])
 def test_a_usage_error_hints_at_the_help_of_what_was_typed(lmsys, args, message, hint):
     """Commands list options and groups list commands; an option missing its value (no Click context yet)

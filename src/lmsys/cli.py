@@ -101,7 +101,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         line = describe_user_failure(exc)
         if line is None:
             raise
-        _say_error(line, "LMSYS_DEBUG=1 shows the traceback" if not debug else None, debug=debug)
+        _say_error(line, None, debug=debug)  # one line: the user's own call, nothing of lmsys's to trace
         code = 1
     except (KeyboardInterrupt, Interrupted) as exc:
         sys.stdout = stdout

@@ -25,7 +25,7 @@ def check(
     tier: Annotated[str, typer.Option("--tier", help="contract: the shapes CS336's handout promises (power-of-two lengths >= 16, n_queries = n_keys and not, d 16-128, fp32 and bf16, causal and not; your PyTorch version may ignore is_causal) | robust: awkward shapes (odd lengths, padded head dims, fp16, grouped-query) | all. With --adapters the exit code follows the contract tier.")] = "all",
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="Pin n_queries = n_keys to this length in every case (comma-separate several: cases take them in turn).")] = None,
     d_head: Annotated[Optional[str], typer.Option("--d-head", help="Pin the head dim of every case (comma-separate several).")] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Pin the batch (the first leading dim) of every case (comma-separate several).")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", "--batch", help="Pin the batch (the first leading dim) of every case (comma-separate several).")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", metavar="", help="Pin causality. Default: both.")] = None,
     quiet: QuietOpt = False,
     format: FormatOpt = None,

@@ -212,7 +212,8 @@ def validate(
         return
     if profile is None:
         raise LmsysError("plan validate needs --profile FILE (from `lmsys plan calibrate` on this machine), "
-                         "or --published [FILE] to predict published runs")
+                         "or --published [FILE] to predict published runs",
+                         hint="lmsys plan validate --help lists the options")
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
                  virtual_stages=(virtual_stages, 1), repeats=(repeats, 1))
     if context_length is not None:

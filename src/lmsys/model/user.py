@@ -357,7 +357,7 @@ def build_user_model(config, *, device):
                                  f"raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
             call, shown = (lambda: factory(cfg, **dict(plan.constructor_extra))), plan.config_class.__name__
         else:
-            call, shown = (lambda: factory(**plan.kwargs)), ", ".join(plan.kwargs)
+            call, shown = (lambda: factory(**plan.kwargs)), ", ".join(plan.kwargs) or "no arguments"
         try:
             model = call()
         except Exception as exc:  # noqa: BLE001 - the user's constructor: one line
@@ -429,8 +429,8 @@ def _probe(model, config, *, device) -> ForwardContract:
         with torch.no_grad():
             try:
                 logits = logits_of(model(ids), ids)
-            except Exception:  # noqa: BLE001 - its first real step will say what fails, in its own words
-                return ForwardContract()
+            except (Exception, SystemExit):  # noqa: BLE001 - its first real step says what fails (a sys.exit too,
+                return ForwardContract()  # (where a rank or the step's child process reports it as the user's)
             if not (torch.is_tensor(logits) and logits.dim() == 3 and logits.shape[0] == 1 and logits.shape[1] == 1
                     and seq > 1):
                 _FORWARD[config] = ForwardContract()
