@@ -17,8 +17,7 @@
 #   host         per-call host µs (issue 43 item 3): `bench attention`'s host µs column at 256 and 1,024 keys
 #                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
 #                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
-#                sdpa-flash -> host.md; then scripts/host_overhead.py (forward alone too, and cProfile's top)
-#                -> host_overhead.txt
+#                sdpa-flash -> host.md (the forward alone and cProfile's top: the probe in docs/kernels.md, "Host overhead")
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
 # table goes to $OUT/<part>.md under the command that printed it, the log to $OUT/attention.log.
 set -u
@@ -96,8 +95,6 @@ if part host; then
   T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
   echo "(the next table: LMSYS_FLASH_PLANS=0)" >> "$OUT/host.md"
   LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
-  T=150 X python3 scripts/host_overhead.py > "$OUT/host_overhead.txt" 2>&1
-  cat "$OUT/host_overhead.txt"
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"

@@ -18,7 +18,7 @@ hooks (profilers) are called as Triton calls them. The interpreter takes the nor
 recorded call the plan cannot replay: an argument not named at its launch, a copy of an input (a strided
 view the Gluon kernel copies), an output that is not one `alloc` made (the atomic backward's cast). `ENABLED` is off under the
 interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
-with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: scripts/host_overhead.py).
+with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: `bench attention`'s `host µs` under either).
 
 The rule for launchers: a plan replays only `alloc` and `launch`. Work on tensors done any other way on a
 path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,

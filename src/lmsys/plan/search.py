@@ -93,7 +93,7 @@ def parse_mesh(text: str) -> dict:
         if key not in MESH_KEYS or not value:
             raise LmsysError(f"--mesh: cannot read {item!r}; use key=value with keys {', '.join(MESH_KEYS)}")
         if key in ("schedule", "checkpoint"):
-            from lmsys.plan.memory import CHECKPOINTS as ckpts, SCHEDULES as schedules
+            from lmsys.plan.memory import CHECKPOINT_KINDS as ckpts, SCHEDULES as schedules
 
             allowed = schedules if key == "schedule" else ckpts
             if value not in allowed:
