@@ -272,7 +272,7 @@ def test_parallel_train_interleaved_on_pp_1_is_refused_before_any_rank_starts(lm
     ("dp=1,tp=1,pp=1,zero=2", "error: --mesh dp=1,tp=1,pp=1,zero=2: zero=2 shards over the data-parallel ranks, "
                               "and dp=1 has one"),
     ("dp=1,schedule=zigzag", "error: --mesh: schedule=zigzag is not one of none, 1f1b, interleaved, gpipe"),
-    ("dp=1,checkpoint=some", "error: --mesh: checkpoint=some is not one of none, selective, full"),
+    ("dp=1,checkpoint=some", "error: --mesh: checkpoint=some is not one of none, selective, full, op"),
 ])
 def test_plan_train_names_the_mesh_value_that_is_wrong(lmsys, mesh, message):
     assert one_line(lmsys("plan", "train", "--gpu", "H100", "--mesh", mesh)) == message
