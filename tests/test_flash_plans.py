@@ -96,10 +96,10 @@ def test_replay_after_an_aliased_first_call_reads_each_tensor(planned):
     assert relative_error(o, o_ref) < 1e-4 and relative_error(lse, lse_ref) < 1e-4
 
 
-def _misaligned(shape, dtype, offset=1):
+def _misaligned(shape, dtype, offset=1, device=DEVICE):
     """A tensor of `shape` whose data starts `offset` elements past a 16-byte boundary."""
     n = torch.Size(shape).numel()
-    buf = torch.randn(n + 16).to(dtype).to(DEVICE)
+    buf = torch.randn(n + 16).to(dtype).to(device)
     return buf[offset:offset + n].view(shape)
 
 
@@ -144,7 +144,8 @@ def test_alignment_and_every_specialized_integer_enter_the_key():
     function of them), dtype and device."""
     head = ("fwd", False, flash.DEFAULT_POLICY)
     q = torch.randn(2, 3, 8, 16)
-    odd = _misaligned((2, 3, 8, 16), torch.float32).cpu()
+    odd = _misaligned((2, 3, 8, 16), torch.float32, device="cpu")  # not .cpu() of a GPU one: a copy is aligned
+    assert odd.data_ptr() % 16
     base = plans.key(head, (q, q, q))
     assert plans.key(head, (q, q, q)) == base
     for i in range(3):

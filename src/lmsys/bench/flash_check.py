@@ -41,6 +41,15 @@ except ImportError:  # no Triton (the [triton] extra): flash-torch only, and it 
 
 FLASH_IMPLS = ("flash-torch", "flash-triton")
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
+# A user's fp32 is held to the handout's own tests (torch.testing.assert_close(rtol=1e-2, atol=1e-2)), not to
+# lmsys's IEEE kernels: Triton's tl.dot runs fp32 tiles as TF32 by default (about 1e-3 here), which those
+# tests accept. Found on an H100: a handout-style Triton kernel failed every fp32 case at 1e-4.
+USER_FP32_TOLERANCE = 1e-2
+
+
+def tolerance(dtype: str, *, user: bool = False) -> float:
+    """The error a case of `dtype` may have: TOLERANCE, or for a user's fp32 the handout's 1e-2."""
+    return max(TOLERANCE[dtype], USER_FP32_TOLERANCE) if user and dtype == "fp32" else TOLERANCE[dtype]
 # The kernels take every multiple of 8 from 16 to 256 (flash_triton.HEAD_DIMS); the check cycles through the
 # powers of two and the padded dims models use, in an order that mixes both from the first cases on.
 HEAD_DIMS = (64, 80, 16, 128, 256, 40, 96, 32, 160, 112, 192, 24)
@@ -404,7 +413,7 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
         q_, k_, v_ = (x.to(device).requires_grad_() for x in (q, k, v))
         key = {"impl": impl, "tier": case.tier, "case": number, "batch": case.lead[0], "n_q": case.n_q,
                "n_k": case.n_k, "d": case.d, "dtype": case.dtype, "causal": case.causal}
-        empty = {**key, **dict.fromkeys(("O err", "L err", "dQ err", "dK err", "dV err")), "tol": TOLERANCE[case.dtype],
+        empty = {**key, **dict.fromkeys(("O err", "L err", "dQ err", "dK err", "dV err")), "tol": tolerance(case.dtype, user=True),
                  "off": None, "CS336 saved L": None}  # a row that ran nothing: the same columns, in order
         try:
             out = fn(q_, k_, v_, case.causal)
@@ -427,7 +436,7 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
                 return
             yield {**empty, "off": f"raised {type(exc).__name__}: {' '.join(str(exc).split())}", "result": FAIL}
             continue
-        tol = TOLERANCE[case.dtype]
+        tol = tolerance(case.dtype, user=True)
         o_ref, lse_ref, refs = _references(q, k, v, do, case.causal)
         ignores = False
         if case.causal and relative_error(out, o_ref) > tol:  # the output of the same call without the mask?

@@ -180,7 +180,7 @@ def attention(
                  "(inputs, saved tensors, output), peak during the backward.")
     notes.append("status: each row's first step is checked: O, dQ, dK, dV of batch element 0 (the query heads "
                  "of key/value head 0) against float64, err = max |x - ref| / max(max |ref|, 1), tolerance "
-                 "fp32 1e-4, bf16/fp16 2e-2; `wrong (...)` names the tensors beyond it, and the command exits 1.")
+                 "fp32 1e-4 (your attention's: 1e-2, the handout's), bf16/fp16 2e-2; `wrong (...)` names the tensors beyond it, and the command exits 1.")
     notes.append("host µs: median host time to issue one forward+backward on an idle device, after the timed "
                  "steps; near fwd+bwd ms × 1000 the row is host-bound (on a CPU: the whole step).")
     report = Report("bench attention", rows, meta, notes)
