@@ -638,3 +638,17 @@ def test_hf_models_offline_at_tiny(lmsys, name):
     else:  # GPT-2: tied head, learned positions (n_positions = context 16), biases, LayerNorms
         assert row["params"] == V * D + 16 * D + L * (4 * D * D + 2 * D * F + 5 * D + F + 4 * D) + 2 * D  # biases 5D+F, two LayerNorms 4D
     assert row["status"] == "ok" and abs(row["loss"] - math.log(V)) < 0.5
+
+
+def test_a_compilation_error_is_its_position_and_cause():
+    """Triton's CompilationError holds the kernel's source between its position and its cause: a FAIL row
+    names the position and the cause (the line a user acts on), not the first line of the source."""
+    from lmsys.kernels import triton_compat
+
+    class CompilationError(Exception):
+        pass
+
+    exc = CompilationError("at 8:14:\ndef flash_fwd_kernel(Q_ptr, K_ptr,\n    offs = tl.arange(0, D)\n"
+                           "              ^\narange's range must be a power of 2")
+    assert triton_compat.describe(exc) == "CompilationError: at 8:14: arange's range must be a power of 2"
+    assert triton_compat.describe(ValueError("a\n  b")) == "ValueError: a b"

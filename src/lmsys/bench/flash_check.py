@@ -434,7 +434,7 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
             if too_new is not None:
                 yield {**empty, "result": too_new.status}
                 return
-            yield {**empty, "off": f"raised {type(exc).__name__}: {' '.join(str(exc).split())}", "result": FAIL}
+            yield {**empty, "off": f"raised {triton_compat.describe(exc)}", "result": FAIL}
             continue
         tol = tolerance(case.dtype, user=True)
         o_ref, lse_ref, refs = _references(q, k, v, do, case.causal)

@@ -105,6 +105,17 @@ def missing_api(exc: BaseException) -> TritonTooNew | None:
     return None
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a user's kernel that raised: `Type: message`. Triton's CompilationError carries the
+    kernel's source between its position and its cause ("at 8:14: def flash_fwd_kernel(... ^ arange's range
+    must be a power of 2"): the position and the cause's line, not the source."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if type(exc).__name__ == "CompilationError" and len(lines) > 2:
+        text = f"{lines[0]} {lines[-1]}"
+    return f"{type(exc).__name__}: {' '.join(text.split())}"
+
+
 def numpy_mismatch(exc: BaseException) -> InterpreterNumpyError | None:
     """One-line error for Triton's interpreter failing on the installed numpy, or None."""
     if not any(_SCALAR_TEXT in str(err) for err in _chain(exc)):
