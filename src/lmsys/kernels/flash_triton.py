@@ -372,7 +372,6 @@ def _tiles(config: triton.Config) -> tuple:
     return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
-
 def _kernels() -> dict:
     """The tuned kernels by name (defined below)."""
     return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
@@ -775,7 +774,6 @@ def _set_tma_allocator() -> None:
 INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no SMs to count)
 
 
-
 def _persistent_programs(device) -> int:
     """Programs of the persistent forward grid: one per SM on a GPU."""
     device = torch.device(device)
@@ -888,10 +886,9 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
 # flash imports this module, so importing it here at the top would be a cycle.
 _MOVED = frozenset({
     "Policy", "DEFAULT_POLICY", "Ran", "default_policy", "launch_forward", "launch_backward", "flash_forward",
-    "FlashAttentionTriton", "kernels_ran", "flash_attention", "_flash_fwd", "_flash_bwd", "_dispatch",
-    "_gluon", "_gluon_forward", "_gluon_backward", "_precompile_backward", "_PRECOMPILED", "_first_call",
-    "_first_fit", "_check_inputs", "_as_4d", "check_device", "check_head_dim", "_check_shared_memory",
-    "_smallest_tiles",
+    "FlashAttentionTriton", "kernels_ran", "flash_attention", "_flash_fwd", "_flash_bwd", "_dispatch", "_gluon",
+    "_gluon_forward", "_gluon_backward", "_precompile_backward", "_PRECOMPILED", "_first_call", "_first_fit",
+    "_check_inputs", "_as_4d", "check_device", "check_head_dim", "_check_shared_memory", "_smallest_tiles",
 })
 
 
