@@ -18,6 +18,8 @@
 #                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
 #                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
 #                sdpa-flash -> host.md (the forward alone and cProfile's top: the probe in docs/kernels.md, "Host overhead")
+#   byo          issue 41: flash check --adapters with the CS336-layout fixtures (Triton compiled), and the
+#                planted missing scale -> byo.md
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
 # table goes to $OUT/<part>.md under the command that printed it, the log to $OUT/attention.log.
 set -u
@@ -83,6 +85,11 @@ if part short; then
     --policy pick=0 --policy pick=1 --policy pick=2 --policy pick=3
   [ -e .probe/kernels_of.py ] && T=90 X python3 .probe/kernels_of.py --batch-size 8 --heads 1 --seq-len 8192 --d-head 64 > "$OUT/short_kernels.txt"
   cat "$OUT/short_kernels.txt" 2>/dev/null
+fi
+if part byo; then
+  A=tests/fixtures/byo/cs336_layout/tests
+  T=150 run byo.md flash check --device cuda --adapters $A/adapters.py
+  T=60 run byo.md flash check --device cuda --adapters $A/adapters_missing_scale.py --impl yours-torch --tier contract
 fi
 if part host; then
   HOST="bench attention --device cuda --dtype bf16 --batch-size 8 --heads 1 --d-head 64 --warmup 10 --steps 30"
