@@ -102,6 +102,7 @@ def test_attention_specs():
     assert A.names(lambda s: s.triton_kernel) == ("flash-triton",)
     assert A.names(lambda s: s.needs_triton) == ("flash-triton",) and A["flash-triton"].interpreter
     assert A.names(lambda s: s.may_ignore_causal) == ("yours-torch",)
+    assert A.names(lambda s: s.runs_triton) == ("flash-triton", "yours-triton")
     assert A.names(lambda s: s.needs_cuda) == ("sdpa-flash", "sdpa-cudnn", "flash-triton")
     assert {n: A[n].scores for n in ("naive", "annotated", "compiled", "sdpa-math", "sdpa", "flash-triton")} == {
         "naive": "naive", "annotated": "naive", "compiled": "materialized", "sdpa-math": "materialized",
@@ -209,7 +210,6 @@ OTHER_VOCABULARIES = {
 # (file, operand) pairs of another vocabulary that shares a spelling with a registered name
 OTHER_IN_FILE = {
     ("bench/parallel.py", "impl"): "parallel train --impl: lmsys | torch, which implementation of the mesh runs",
-    ("commands/parallel.py", "i"): "parallel train --impl: lmsys | torch",
 }
 # TODO(issue 40 item 3): the lead ports commands/*.py's name tests to the specs after merging the thin-commands
 # branch (the list is in the registry branch's report); then this allowlist goes.

@@ -32,9 +32,10 @@ class AttentionSpec(Spec):
     scores: str = "flash"  # naive (the chain of ops) | materialized (one s×s matrix, fused softmax) | flash (O(s))
     needs_cuda: bool = False  # CUDA tensors only
     interpreter: bool = False  # ...or any device under Triton's interpreter (TRITON_INTERPRET=1)
-    needs_triton: bool = False  # the [triton] extra
+    needs_triton: bool = False  # the [triton] extra (refused up front without it)
+    runs_triton: bool = False  # Triton code: runs where Triton runs (a GPU, or its interpreter)
     flash: bool = False  # lmsys's own FlashAttention-2 (flash check's subjects)
-    triton_kernel: bool = False  # lmsys's Triton kernels: their head dims, fp32 up to FP32_MAX_HEAD_DIM, tiles, --policy
+    triton_kernel: bool = False  # lmsys's Triton kernels: their head dims, fp32 to FP32_MAX_HEAD_DIM, tiles, --policy
     adapters: Optional[str] = None  # the CS336 adapters' getter of the autograd.Function (needs --adapters)
     may_ignore_causal: bool = False  # the handout lets this (a user's PyTorch FA2) ignore is_causal
     provider: str = "lmsys.kernels.attention"  # the module that puts the function in IMPLS when imported
@@ -87,7 +88,8 @@ for _spec in (
     AttentionSpec("sdpa-math", "SDPA pinned to its math backend", scores="materialized"),
     AttentionSpec("flash-torch", "lmsys FlashAttention-2 in PyTorch (FlashAttentionTorch)", flash=True),
     AttentionSpec("flash-triton", "lmsys FlashAttention-2 in Triton (FlashAttentionTriton; GPU or TRITON_INTERPRET=1)",
-                  flash=True, triton_kernel=True, needs_cuda=True, interpreter=True, needs_triton=True),
+                  flash=True, triton_kernel=True, needs_cuda=True, interpreter=True, needs_triton=True,
+                  runs_triton=True),
     AttentionSpec("annotated", "naive math in NVTX / record_function ranges (profile nsys --annotate-attention)",
                   grouped_query=False, scores="naive", provider="lmsys.profiling.nvtx"),
     # CS336 adapters: the function returning the autograd.Function
@@ -95,11 +97,12 @@ for _spec in (
                   grouped_query=False, adapters="get_flashattention_autograd_function_pytorch",
                   may_ignore_causal=True),
     AttentionSpec("yours-triton", "--adapters: your get_flashattention_autograd_function_triton()", layout="bsd",
-                  grouped_query=False, adapters="get_flashattention_autograd_function_triton"),
+                  grouped_query=False, adapters="get_flashattention_autograd_function_triton", runs_triton=True),
 ):
     ATTENTION.add(_spec)
 
-IMPLS: dict[str, Callable] = {}  # name -> fn(q, k, v, is_causal): lmsys's once their provider is imported, users' once resolved
+# name -> fn(q, k, v, is_causal): lmsys's once their provider is imported, a user's once resolved
+IMPLS: dict[str, Callable] = {}
 NAMES: dict[str, str] = {s.name: s.help for s in ATTENTION.values() if not s.adapters}  # lmsys's own
 _PROVIDER = {s.name: s.provider for s in ATTENTION.values() if s.provider != "lmsys.kernels.attention"}
 ADAPTER_NAMES: dict[str, str] = {s.name: s.adapters for s in ATTENTION.values() if s.adapters}  # row -> getter

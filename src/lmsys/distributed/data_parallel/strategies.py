@@ -244,7 +244,8 @@ def _yours_fsdp_params(wrapped, spec):
 
 
 @register("yours-fsdp", "your get_fsdp(module, compute_dtype) with --dtype's compute dtype; parity through "
-          "your fsdp_gather_full_params", adapters=True, origin="yours", shards_params=True, optimizer_label="AdamW on shards",
+          "your fsdp_gather_full_params", adapters=True, origin="yours", shards_params=True,
+          optimizer_label="AdamW on shards",
           hooks=_adapter_hooks((), ("fsdp_on_after_backward",)), full_params=_yours_fsdp_params)
 def _yours_fsdp(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
