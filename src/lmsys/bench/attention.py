@@ -30,6 +30,7 @@ from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB, choose
 from lmsys.core.results import MeanStd
 from lmsys.core.timing import RegionTimer, synchronize
+from lmsys.kernels.registry import spec as attention_spec
 
 HOST_CALLS = 30  # calls whose issue time gives `host µs` (median)
 
@@ -57,7 +58,7 @@ class Sweep:
 
     @property
     def size(self) -> int:
-        runs = sum(len(self.flash_variants) if impl == "flash-triton" else 1 for impl in self.impls)
+        runs = sum(len(self.flash_variants) if attention_spec(impl).triton_kernel else 1 for impl in self.impls)
         return runs * len(self.batch) * len(self.heads) * len(self.d_head) * len(self.seq_len)
 
     def describe(self) -> str:
@@ -200,7 +201,7 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         warmup=base.warmup if warmup is None else warmup, steps=base.steps if steps is None else steps,
         kv_heads=kv_heads, policies=policy_variants(policies) if policies else (),
     )
-    if sweep.policies and "flash-triton" not in sweep.impls:
+    if sweep.policies and not any(attention_spec(i).triton_kernel for i in sweep.impls):
         raise LmsysError("--policy changes how flash-triton runs: add --impl flash-triton")
     from lmsys.kernels.registry import check_name, resolve
 
@@ -219,19 +220,17 @@ def resolve_sweep(*, device, preset: str | None = None, impls: list[str] | None 
         bad = [h for h in sweep.heads if kv_heads < 1 or h % kv_heads]
         if bad:
             raise LmsysError(f"--kv-heads {kv_heads} must divide every --heads value (not {_list(bad)})")
-    if "flash-triton" in sweep.impls:
+    for name in sweep.impls:  # what the spec needs of head dims and the device (flash-triton: its kernels')
         for d in sweep.d_head:
-            check_impl("flash-triton", d_head=d)
-        from lmsys.kernels.flash import check_device
-
-        check_device(device)
+            check_impl(name, d_head=d)
+        attention_spec(name).check_device(device)
     return sweep, notes
 
 
 def run_attention(sweep: Sweep, *, device) -> Iterator[dict]:
     """Yield one row per (impl, flash-triton policy, batch, heads, d_head, seq_len), in that nesting order."""
     for impl in sweep.impls:
-        variants = sweep.flash_variants if impl == "flash-triton" else ((None, None),)
+        variants = sweep.flash_variants if attention_spec(impl).triton_kernel else ((None, None),)
         for (label, changes), batch, heads, d, seq in product(variants, sweep.batch, sweep.heads, sweep.d_head,
                                                               sweep.seq_len):
             policy = {"policy": label} if sweep.policies else {}

@@ -11,7 +11,7 @@ from typing import Optional
 from lmsys.core.errors import LmsysError
 from lmsys.core.imports import is_import_path
 from lmsys.core.parsing import choose, parse_list
-from lmsys.distributed.data_parallel.strategies import STRATEGIES as REGISTRY, check_name
+from lmsys.distributed.data_parallel.strategies import BUCKET_LEVERS, STRATEGIES as REGISTRY, check_name
 from lmsys.train.optim import DDP_TRAIN_LR
 
 # The rows without --strategy: lmsys's own and torch's (with --adapters, the adapters' rows too)
@@ -21,7 +21,6 @@ ADAPTER_STRATEGIES = tuple(name for name, s in REGISTRY.items() if s.adapters)
 # path too); the FSDPs shard their own way, yours-zero1 brings its own sharded optimizer
 SHARDABLE = tuple(name for name, s in REGISTRY.items() if not s.shards_params and s.optimizer is None)
 COMM_DTYPES = ("fp32", "bf16")
-BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 
 
 @dataclass(frozen=True)
@@ -62,13 +61,14 @@ def expand_runs(strategies: list[str], *, bucket_mbs: list[float], comm_dtypes: 
 
     runs = []
     for s in strategies:
-        if s == "bucketed":
+        strategy = get(s)  # import paths are loaded here: their signature says whether they take buckets
+        if strategy.levers:  # lmsys's BucketedDDP: comm dtypes, levers and carveouts too
             runs += [RunSpec(s, mb, cd) for cd in comm_dtypes for mb in bucket_mbs]
             runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], lever) for lever in levers or []]
             runs += [RunSpec(s, bucket_mbs[0], comm_dtypes[0], sm_carveout=n) for n in carveouts or []]
-        elif s == "yours-zero1":
+        elif strategy.first_cap_only:
             runs.append(RunSpec(s, bucket_mbs[0], adapters=adapters))
-        elif get(s).bucketed:  # import paths are loaded here: their signature says
+        elif strategy.bucketed:
             runs += [RunSpec(s, mb, adapters=adapters) for mb in bucket_mbs]
         else:
             runs.append(RunSpec(s, adapters=adapters))
@@ -96,14 +96,14 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carv
         raise LmsysError("--bucket-mb: every cap must be a positive number of MiB")
     comm_dtypes = _unique(comm_dtype, "--comm-dtype", COMM_DTYPES)
     levers = _unique(lever, "--lever", BUCKET_LEVERS) if lever else []
-    if levers and "bucketed" not in strategies:
+    if levers and not any(_takes_levers(s) for s in strategies):
         raise LmsysError("--lever applies to the bucketed strategy: add --strategy bucketed")
     if "copy-engine" in levers and comm_dtypes[0] != "fp32":
         raise LmsysError("--lever copy-engine reduces fp32 gradients: put fp32 first in --comm-dtype")
     carveouts = list(dict.fromkeys(parse_list(sm_carveout, int, what="--sm-carveout"))) if sm_carveout else []
     if any(n < 0 for n in carveouts):
         raise LmsysError("--sm-carveout: every value must be a number of SMs >= 0")
-    if carveouts and "bucketed" not in strategies:
+    if carveouts and not any(_takes_levers(s) for s in strategies):
         raise LmsysError("--sm-carveout applies to the bucketed strategy: add --strategy bucketed")
     if adapters is not None:  # a file that does not import is one line now, not one per rank later
         from lmsys.core.imports import load_module
@@ -111,6 +111,11 @@ def parse_runs(*, strategy, bucket_mb: str, comm_dtype: str, lever: str, sm_carv
         load_module(adapters, what="--adapters")
     return expand_runs(strategies, bucket_mbs=bucket_mbs, comm_dtypes=comm_dtypes, levers=levers,
                        carveouts=carveouts, adapters=adapters)
+
+
+def _takes_levers(name: str) -> bool:
+    """lmsys's BucketedDDP: --lever, --sm-carveout and --comm-dtype rows (no import path takes them)."""
+    return name in REGISTRY and bool(REGISTRY[name].levers)
 
 
 def check_levers_for_backend(runs: list[RunSpec], backend: str) -> None:
@@ -151,11 +156,7 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
         "parity max|Δθ|: largest parameter difference after all warmup + timed steps against one process "
         "trained on the full batch with the same seed and data.",
     ]
-    if "torch-ddp" in strategies:
-        notes.append("torch-ddp: torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
-    if "torch-fsdp" in strategies:
-        notes.append("torch-fsdp: torch's FSDP2 fully_shard on each block and the root, parameters in the "
-                     "autocast dtype, gradients reduced in fp32.")
+    notes += [f"{name}: {s.note}" for name, s in REGISTRY.items() if s.note and name in strategies]
     for name in sorted(strategies & set(ADAPTER_STRATEGIES)) + sorted(filter(is_import_path, strategies)):
         help = REGISTRY[name].help if name in REGISTRY else "your wrapper, Class(module[, bucket_size_mb])"
         notes.append(f"{name}: {help}.")

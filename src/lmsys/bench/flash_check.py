@@ -34,12 +34,13 @@ from lmsys.core.errors import LmsysError
 from lmsys.core.parsing import choose
 from lmsys.kernels import triton_interpreted
 from lmsys.kernels.attention import reference_attention
+from lmsys.kernels.registry import ATTENTION, spec as attention_spec
 try:
     from lmsys.kernels.flash_triton import FP32_MAX_HEAD_DIM, HEAD_DIMS as KERNEL_HEAD_DIMS
 except ImportError:  # no Triton (the [triton] extra): flash-torch only, and it takes every head dim
     FP32_MAX_HEAD_DIM, KERNEL_HEAD_DIMS = None, None
 
-FLASH_IMPLS = ("flash-torch", "flash-triton")
+FLASH_IMPLS = ATTENTION.names(lambda s: s.flash)  # lmsys's own: flash-torch, flash-triton
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 2e-2}  # of relative_error
 # A user's fp32 is held to the handout's own tests (torch.testing.assert_close(rtol=1e-2, atol=1e-2)), not to
 # lmsys's IEEE kernels: Triton's tl.dot runs fp32 tiles as TF32 by default (about 1e-3 here), which those
@@ -68,7 +69,8 @@ CONTRACT_MIN_LEN = 16
 CONTRACT_FLAGS = ((False, True), (True, True), (False, False), (True, False))
 PASS, FAIL = "pass", "FAIL"
 IGNORES_CAUSAL = "ignores is_causal (allowed by the handout)"
-MAY_IGNORE_CAUSAL = ("yours-torch",)  # the handout lets the PyTorch version ignore is_causal; not the Triton one
+# the handout lets the PyTorch version (yours-torch) ignore is_causal; not the Triton one
+MAY_IGNORE_CAUSAL = ATTENTION.names(lambda s: s.may_ignore_causal)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def is_user(impl: str) -> bool:
 
 def supported(impl: str, d: int, dtype: str) -> bool:
     """flash-triton takes head dims past FP32_MAX_HEAD_DIM in fp16/bf16 only; flash-torch takes everything."""
-    return not (impl == "flash-triton" and dtype == "fp32" and d > FP32_MAX_HEAD_DIM)
+    return not (attention_spec(impl).triton_kernel and dtype == "fp32" and d > FP32_MAX_HEAD_DIM)
 
 
 def _power_of_two(n: int) -> bool:
@@ -188,11 +190,8 @@ def plan_tiers(tier: str, pins: Pins, dtypes: list[str]) -> tuple[list[str], lis
 
 def check_pins(impl: str, pins: Pins) -> None:
     """Pinned head dims flash-triton cannot take are one line before any work."""
-    if impl == "flash-triton":
-        from lmsys.kernels.flash import check_head_dim
-
-        for d in pins.d_head:
-            check_head_dim(d)
+    for d in pins.d_head:
+        attention_spec(impl).check_head_dim(d)
 
 
 def _pick_dtype(impl: str, d: int, dtypes: list[str], start: int) -> str:
@@ -456,9 +455,15 @@ def run_user_check(impl: str, cases: list[Case], *, device, seed: int, adapters:
             off.append("is_causal ignored: judged against the non-causal reference (allowed by the handout)"
                        if impl in MAY_IGNORE_CAUSAL else
                        "is_causal ignored: the output equals the non-causal one" +
-                       (" (the Triton version must honour it)" if impl == "yours-triton" else ""))
+                       (" (the Triton version must honour it)" if _adapters_must_honour_causal(impl) else ""))
         yield {**key, **{f"{n} err": errors.get(n) for n in ("O", "L", "dQ", "dK", "dV")}, "tol": tol,
                "off": "; ".join(off) or "—", "CS336 saved L": contract, "result": result}
+
+
+def _adapters_must_honour_causal(impl: str) -> bool:
+    """An adapters' attention the handout does not let ignore is_causal (yours-triton)."""
+    spec = attention_spec(impl)
+    return bool(spec.adapters) and not spec.may_ignore_causal
 
 
 def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[dict]:
@@ -469,7 +474,7 @@ def run_check(impl: str, cases: list[Case], *, device, seed: int) -> Iterator[di
     from lmsys.kernels import triton_compat
     from lmsys.kernels.attention import attention
 
-    tiles = impl == "flash-triton"
+    tiles = attention_spec(impl).triton_kernel
     if tiles:
         from lmsys.kernels import flash
     for i, (number, case) in enumerate(_numbered(cases)):

@@ -7,7 +7,13 @@ from typing import Annotated, Iterable, Iterator, Optional, TypeVar
 
 import typer
 
+from lmsys.kernels import requirements as _requirements
+
 T = TypeVar("T")
+
+# what an attention implementation needs, asked of its spec (lmsys.kernels.requirements); kept here by name
+check_attention_impl = _requirements.check_attention_impl
+require_triton = _requirements.require_triton
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu (auto: cuda when a GPU is visible).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per run).")]
@@ -94,28 +100,6 @@ def emit(reports, fmt: Optional[str], output: Optional[Path]) -> None:
     if failure:
         typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(1)
-
-
-def check_attention_impl(name: Optional[str], device) -> None:
-    """An attention implementation the device (or this install) cannot run is the user's input, refused
-    before any work: flash-triton needs Triton (the `[triton]` extra) and CUDA or TRITON_INTERPRET=1."""
-    if name != "flash-triton":
-        return
-    require_triton("flash-triton")
-    from lmsys.kernels.flash import check_device
-
-    check_device(device)
-
-
-def require_triton(what: str) -> None:
-    """One line naming the extra when Triton is not installed (a CPU install leaves it out)."""
-    from lmsys.core.errors import LmsysError
-
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        raise LmsysError(f"{what} needs Triton, which is not installed",
-                         hint="pip install 'lmsys[triton]' (torch's CUDA build brings it on a GPU machine)") from None
 
 
 def track(items: Iterable[T], *, total: int, description: str) -> Iterator[T]:

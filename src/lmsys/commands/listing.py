@@ -1,5 +1,6 @@
 """`lmsys list`: every model, attention implementation and distributed strategy a command accepts
-(lmsys's own, torch's, an adapters module's, import paths). Torch-free: the registries' name tables."""
+(lmsys's own, torch's, an adapters module's, import paths). Torch-free: each kind is one
+lmsys.core.registry.Registry, and its module's `listing()` gives the rows."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import typer
 
 from lmsys.commands._common import FormatOpt, OutputOpt, check_render_options, emit
 
-KINDS = ("models", "attention", "strategies")
+# kind -> the module whose `listing()` gives that registry's rows (imported when asked: torch-free all the same)
+REGISTRIES = {"models": "lmsys.model.user", "attention": "lmsys.kernels.registry",
+              "strategies": "lmsys.distributed.data_parallel.strategies"}
+KINDS = tuple(REGISTRIES)
 
 
 def _rows(kind: str) -> list[dict]:
-    if kind == "models":
-        from lmsys.model.user import listing
-    elif kind == "attention":
-        from lmsys.kernels.registry import listing
-    else:
-        from lmsys.distributed.data_parallel.strategies import listing
+    import importlib
+
+    listing = importlib.import_module(REGISTRIES[kind]).listing
     return [{"kind": kind, "name": name, "what": what} for name, what in listing()]
 
 

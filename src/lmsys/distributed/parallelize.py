@@ -22,14 +22,16 @@ import torch
 import torch.distributed as dist
 
 from lmsys.distributed.data_parallel.fsdp import FSDP
+from lmsys.distributed.data_parallel.strategies import STRATEGIES
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.model_parallel.pipeline import PipelineModule, StepResult, p2p_plan, partition, run_schedule
 from lmsys.distributed.model_parallel.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
 from lmsys.train.checkpointing import checkpoint_forward
 
-DP_STRATEGIES = ("bucketed", "fsdp", "torch-ddp", "torch-fsdp")
+# --dp-strategy: the strategies a mesh's dp dimension takes (Strategy.mesh_dp), lmsys's before torch's
+DP_STRATEGIES = tuple(sorted(STRATEGIES.names(lambda s: s.mesh_dp), key=lambda n: not STRATEGIES[n].hand_written))
 CHECKPOINTS = ("none", "block")
-HAND_WRITTEN_DP = ("bucketed", "fsdp")  # lmsys rows; torch-* run torch's wrappers (torch_parallel)
+HAND_WRITTEN_DP = tuple(n for n in DP_STRATEGIES if STRATEGIES[n].hand_written)  # torch-* run torch's wrappers
 
 
 class ParallelModel:
@@ -149,7 +151,7 @@ def parallelize(model, mesh: Mesh, *, sequence_parallel: bool = False, pp_schedu
     if dp > 1:
         if dp_strategy not in HAND_WRITTEN_DP:
             raise ValueError(f"dp strategy {dp_strategy!r} is torch's: model_parallel.torch_parallel runs it")
-        if dp_strategy == "fsdp":
+        if STRATEGIES[dp_strategy].shards_params:
             wrapper = FSDP(stage, units=list(stage.layers.values()), group=mesh.group("dp"), reshard=False)
             stage.before_forward = wrapper.gather_root
         else:

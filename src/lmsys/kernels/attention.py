@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lmsys.core.parsing import choose
-from lmsys.kernels.registry import IMPLS, USER, three_d
+from lmsys.kernels.registry import ATTENTION, IMPLS, USER, spec, three_d
 
 
 def _scaled_scores(q, k):
@@ -139,14 +139,14 @@ def check_impl(name: str, *, d_head: int | None = None) -> str:
 
         resolve(name, adapters=None)
     choose(name, IMPLS, what="attention implementation")
-    if name == "flash-triton" and d_head is not None:
-        from lmsys.kernels.flash import check_head_dim
-
-        check_head_dim(d_head)
+    if d_head is not None:
+        spec(name).check_head_dim(d_head)
     return name
 
 
-REPEAT_KV = ("naive", "compiled", "annotated")  # the others take k, v with fewer heads than q as they are
+# lmsys's that repeat k, v to q's heads (AttentionSpec.grouped_query False); the others take them as they are
+# (a user's [batch, seq, d] function gets them repeated by three_d). A tuple: the hot path tests it per call.
+REPEAT_KV = ATTENTION.names(lambda s: not s.grouped_query and not s.user)
 
 
 def attention(q, k, v, is_causal: bool = False, impl: str = "naive"):

@@ -1,44 +1,118 @@
 """Attention implementations by name: lmsys's own, a CS336 adapters module's, and import paths.
 
-Torch-free, so that the CLI lists and validates names before torch loads. `NAMES` holds lmsys's own
-names with one line each; `lmsys.kernels.attention` fills `IMPLS` with their functions when it is
-imported, and `lmsys.profiling.nvtx` adds `annotated` (kernels import nothing above them). A user's
-attention joins `IMPLS` under the name the user gave (`yours-torch`, `yours-triton` through `--adapters`,
-or `pkg.module:Name` / `file.py:Name`) when `resolve` loads it: an `autograd.Function` subclass (called
+Torch-free, so that the CLI lists and validates names before torch loads. `ATTENTION` is one
+`lmsys.core.registry.Registry` of `AttentionSpec`s: each says what a command asks of the implementation
+(its layout, grouped-query support, how it holds the scores, what device and install it needs, its head
+dims, whether a user's PyTorch version may ignore is_causal) and which module provides its function.
+`lmsys.kernels.attention` fills `IMPLS` with lmsys's functions when it is imported, and
+`lmsys.profiling.nvtx` adds `annotated` (kernels import nothing above them). A user's attention joins
+`IMPLS` under the name the user gave (`yours-torch`, `yours-triton` through `--adapters`, or
+`pkg.module:Name` / `file.py:Name`) when `resolve` loads it: an `autograd.Function` subclass (called
 `.apply(q, k, v, is_causal)`) or any callable `(q, k, v, is_causal) -> o`. Users' functions take
 [batch, seq, d] (CS336's contract): `attention()` flattens leading dims and repeats shared heads for them.
+`NAMES`, `ADAPTER_NAMES` and `REPEAT_KV` (lmsys.kernels.attention) are views of the specs.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from lmsys.core.errors import LmsysError
-from lmsys.core.imports import NotImplementedByUser, is_import_path, load_module, load_object
+from lmsys.core.imports import NotImplementedByUser, load_module, load_object
+from lmsys.core.registry import Registry, Spec
 
+
+@dataclass(frozen=True)
+class AttentionSpec(Spec):
+    """One attention implementation and what commands ask of it."""
+
+    layout: str = "heads"  # heads: q [..., heads, n, d]; bsd: a user's [batch, seq, d] (three_d folds heads in)
+    grouped_query: bool = True  # takes k, v with fewer heads than q as they are; False: repeated to q's first
+    scores: str = "flash"  # naive (the chain of ops) | materialized (one s×s matrix, fused softmax) | flash (O(s))
+    needs_cuda: bool = False  # CUDA tensors only
+    interpreter: bool = False  # ...or any device under Triton's interpreter (TRITON_INTERPRET=1)
+    needs_triton: bool = False  # the [triton] extra (refused up front without it)
+    runs_triton: bool = False  # Triton code: runs where Triton runs (a GPU, or its interpreter)
+    flash: bool = False  # lmsys's own FlashAttention-2 (flash check's subjects)
+    triton_kernel: bool = False  # lmsys's Triton kernels: their head dims, fp32 to FP32_MAX_HEAD_DIM, tiles, --policy
+    adapters: Optional[str] = None  # the CS336 adapters' getter of the autograd.Function (needs --adapters)
+    may_ignore_causal: bool = False  # the handout lets this (a user's PyTorch FA2) ignore is_causal
+    provider: str = "lmsys.kernels.attention"  # the module that puts the function in IMPLS when imported
+
+    @property
+    def user(self) -> bool:
+        """A user's implementation ([batch, seq, d], a user's fp32 tolerance)."""
+        return self.layout == "bsd"
+
+    def check_head_dim(self, d: int) -> None:
+        """Fail before any work on a head dim the implementation cannot take."""
+        if self.triton_kernel:
+            from lmsys.kernels.flash import check_head_dim
+
+            check_head_dim(d)
+
+    def check_device(self, device) -> None:
+        """Fail before any work when the device (or this install) cannot run it: Triton's missing, or no
+        CUDA (and no interpreter)."""
+        if self.needs_triton:
+            from lmsys.kernels.requirements import require_triton
+
+            require_triton(self.name)
+        if self.triton_kernel:
+            from lmsys.kernels.flash import check_device
+
+            check_device(device)
+
+    def function(self, *, adapters: str | None = None) -> Callable:
+        """The implementation, loaded now (see `resolve`)."""
+        return resolve(self.name, adapters=adapters)
+
+
+def _user_spec(name: str) -> AttentionSpec:
+    return AttentionSpec(name, "your attention", layout="bsd", grouped_query=False)
+
+
+ATTENTION: Registry[AttentionSpec] = Registry(
+    "attention implementation", option="--impl", from_path=_user_spec,
+    path_help="your autograd.Function (.apply(q, k, v, is_causal)) or callable, or path/to/file.py:Name",
+    qualifier=lambda s: "with --adapters" if s.adapters else None)
+for _spec in (
+    AttentionSpec("naive", "softmax(q kᵀ/√d) v with the score matrix materialised (the assignment's baseline)",
+                  grouped_query=False, scores="naive"),
+    AttentionSpec("compiled", "naive under torch.compile", grouped_query=False, scores="materialized"),
+    AttentionSpec("sdpa", "torch scaled_dot_product_attention (torch picks the backend)"),
+    AttentionSpec("sdpa-flash", "SDPA pinned to its FlashAttention-2 backend (GPU)", needs_cuda=True),
+    AttentionSpec("sdpa-cudnn", "SDPA pinned to cuDNN attention (GPU)", needs_cuda=True),
+    AttentionSpec("sdpa-efficient", "SDPA pinned to memory-efficient attention"),
+    AttentionSpec("sdpa-math", "SDPA pinned to its math backend", scores="materialized"),
+    AttentionSpec("flash-torch", "lmsys FlashAttention-2 in PyTorch (FlashAttentionTorch)", flash=True),
+    AttentionSpec("flash-triton", "lmsys FlashAttention-2 in Triton (FlashAttentionTriton; GPU or TRITON_INTERPRET=1)",
+                  flash=True, triton_kernel=True, needs_cuda=True, interpreter=True, needs_triton=True,
+                  runs_triton=True),
+    AttentionSpec("annotated", "naive math in NVTX / record_function ranges (profile nsys --annotate-attention)",
+                  grouped_query=False, scores="naive", provider="lmsys.profiling.nvtx"),
+    # CS336 adapters: the function returning the autograd.Function
+    AttentionSpec("yours-torch", "--adapters: your get_flashattention_autograd_function_pytorch()", layout="bsd",
+                  grouped_query=False, adapters="get_flashattention_autograd_function_pytorch",
+                  may_ignore_causal=True),
+    AttentionSpec("yours-triton", "--adapters: your get_flashattention_autograd_function_triton()", layout="bsd",
+                  grouped_query=False, adapters="get_flashattention_autograd_function_triton", runs_triton=True),
+):
+    ATTENTION.add(_spec)
+
+# name -> fn(q, k, v, is_causal): lmsys's once their provider is imported, a user's once resolved
 IMPLS: dict[str, Callable] = {}
-
-NAMES: dict[str, str] = {
-    "naive": "softmax(q kᵀ/√d) v with the score matrix materialised (the assignment's baseline)",
-    "compiled": "naive under torch.compile",
-    "sdpa": "torch scaled_dot_product_attention (torch picks the backend)",
-    "sdpa-flash": "SDPA pinned to its FlashAttention-2 backend (GPU)",
-    "sdpa-cudnn": "SDPA pinned to cuDNN attention (GPU)",
-    "sdpa-efficient": "SDPA pinned to memory-efficient attention",
-    "sdpa-math": "SDPA pinned to its math backend",
-    "flash-torch": "lmsys FlashAttention-2 in PyTorch (FlashAttentionTorch)",
-    "flash-triton": "lmsys FlashAttention-2 in Triton (FlashAttentionTriton; GPU or TRITON_INTERPRET=1)",
-    "annotated": "naive math in NVTX / record_function ranges (profile nsys --annotate-attention)",
-}
-_PROVIDER = {"annotated": "lmsys.profiling.nvtx"}  # the module that registers a name; else kernels.attention
-
-# CS336 adapters: row name -> the function returning the autograd.Function
-ADAPTER_NAMES: dict[str, str] = {
-    "yours-torch": "get_flashattention_autograd_function_pytorch",
-    "yours-triton": "get_flashattention_autograd_function_triton",
-}
+NAMES: dict[str, str] = {s.name: s.help for s in ATTENTION.values() if not s.adapters}  # lmsys's own
+_PROVIDER = {s.name: s.provider for s in ATTENTION.values() if s.provider != "lmsys.kernels.attention"}
+ADAPTER_NAMES: dict[str, str] = {s.name: s.adapters for s in ATTENTION.values() if s.adapters}  # row -> getter
 USER: set[str] = set()  # names in IMPLS that are a user's (they take [batch, seq, d])
 _FROM: dict[str, str] = {}  # yours-* -> the adapters module it was loaded from
+
+
+def spec(name: str) -> AttentionSpec:
+    """The spec of a registered name, or a user's for an import path (nothing is loaded)."""
+    return ATTENTION[name] if name in ATTENTION else _user_spec(name)
 
 
 def register(name: str, fn: Callable | None = None):
@@ -51,41 +125,33 @@ def register(name: str, fn: Callable | None = None):
 
 def listing(*, adapters: bool = True) -> list[tuple[str, str]]:
     """(name, description) of every name `--impl` / `--attn` accepts."""
-    rows = list(NAMES.items())
-    if adapters:
-        rows += [(name, f"--adapters: your {fn}()") for name, fn in ADAPTER_NAMES.items()]
-    rows.append(("pkg.module:Name", "your autograd.Function (.apply(q, k, v, is_causal)) or callable, "
-                 "or path/to/file.py:Name"))
-    return rows
+    return ATTENTION.listing(where=None if adapters else (lambda s: not s.adapters))
 
 
 def check_name(name: str, *, adapters: str | None = None, what: str = "attention implementation") -> str:
     """Fail before torch loads on a name that is none of lmsys's, `yours-*` without --adapters, or a
     malformed import path."""
-    if name in NAMES or is_import_path(name):
-        return name
-    if name in ADAPTER_NAMES:
-        if adapters is None:
-            raise LmsysError(f"{what} {name} is your adapters' attention: add --adapters PATH "
-                             "(a .py file or a module name)")
-        return name
-    raise LmsysError(f"{what} must be one of {', '.join(NAMES)}, {', '.join(ADAPTER_NAMES)} (with "
-                     f"--adapters) or pkg.module:Name, not {name!r}")
+    ATTENTION.check(name, what=what)
+    if name in ATTENTION and ATTENTION[name].adapters and adapters is None:
+        raise LmsysError(f"{what} {name} is your adapters' attention: add --adapters PATH "
+                         "(a .py file or a module name)")
+    return name
 
 
 def resolve(name: str, *, adapters: str | None = None) -> Callable:
     """The function for `name`, loaded (and put in IMPLS) now. A user's getter that raises
     NotImplementedError, or is missing, gives a function that raises NotImplementedByUser."""
     check_name(name, adapters=adapters)
-    if name in IMPLS and (name not in ADAPTER_NAMES or adapters is None or _FROM.get(name) == adapters):
+    got = ATTENTION.get(name)
+    getter = got.adapters if got is not None else None
+    if name in IMPLS and (getter is None or adapters is None or _FROM.get(name) == adapters):
         return IMPLS[name]
-    if name in NAMES:
+    if got is not None and getter is None:  # lmsys's: its provider registers it when imported
         import importlib
 
-        importlib.import_module(_PROVIDER.get(name, "lmsys.kernels.attention"))
+        importlib.import_module(got.provider)
         return IMPLS[name]
-    if name in ADAPTER_NAMES:
-        getter = ADAPTER_NAMES[name]
+    if getter is not None:
         _FROM[name] = adapters
         module = load_module(adapters, what="--adapters")
         try:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from lmsys.core.errors import LmsysError
 from lmsys.core.imports import is_import_path, load_object
+from lmsys.core.registry import Registry, Spec
 
 LMSYS = "lmsys"
 SIZE_NAMES = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta",
@@ -52,6 +53,51 @@ HF_MODELS = {
                                                   "d_ff": "n_inner"}),
 }
 HF_EXTRA = "pip install 'lmsys[hf]' (or pip install transformers)"
+
+
+@dataclass(frozen=True)
+class ModelSpec(Spec):
+    """A model `--model` takes by name, and how it is built: lmsys's TransformerLM from the preset, a
+    transformers class from its config class (`hf`: config class, model class, config keyword per lmsys
+    size), or a user's class or factory from the sizes its signature takes (`constructor_plan`)."""
+
+    build: str = "user"  # lmsys | hf | user
+    hf: tuple | None = None  # build == "hf": (config class, model class, {lmsys size: config keyword})
+
+    @property
+    def lmsys(self) -> bool:
+        return self.build == "lmsys"
+
+
+def _user_model(name: str) -> ModelSpec:
+    return ModelSpec(name, "your model", build="user")
+
+
+MODELS: Registry[ModelSpec] = Registry(
+    "model", option="--model", must="must be", from_path=_user_model,
+    is_path=lambda name: is_import_path(name) and not name.startswith("hf:"),
+    path_help="your model class or factory (or path/to/file.py:Name), ids [B, S] -> logits [B, S, V] (or a tuple "
+              "starting with them); built with the sizes its signature takes, or its config object's fields "
+              "(GPT(GPTConfig), Transformer(ModelArgs))")
+MODELS.add(ModelSpec(LMSYS, "lmsys TransformerLM (RoPE, RMSNorm, SwiGLU): the default", build="lmsys"))
+for _name, (_cfg, _model, _keys) in HF_MODELS.items():
+    MODELS.add(ModelSpec(_name, f"transformers {_model}, random weights from {_cfg} with the preset's sizes (the "
+                         "[hf] extra)", build="hf", hf=(_cfg, _model, _keys)))
+
+
+def model_spec(name: str | None) -> ModelSpec:
+    """The spec of `name` (None: lmsys's), a user's for any other; nothing is loaded."""
+    name = LMSYS if name is None else name
+    return MODELS[name] if name in MODELS else _user_model(name)
+
+
+def is_lmsys_model(name: str | None) -> bool:
+    """`name` (None: the default) is lmsys's own TransformerLM."""
+    return model_spec(name).lmsys
+
+
+def _is_hf(name: str | None) -> bool:
+    return model_spec(name).build == "hf"
 # lmsys's size name -> the spellings constructors and config classes use for it, first match wins (CS336,
 # nanoGPT, gpt-fast, torchtitan / Llama, Hugging Face, Mistral, x-transformers, ...)
 ALIASES = {
@@ -73,20 +119,12 @@ TARGET_NAMES = ("targets", "target", "labels", "y")  # a forward's second argume
 
 
 def listing() -> list[tuple[str, str]]:
-    rows = [(LMSYS, "lmsys TransformerLM (RoPE, RMSNorm, SwiGLU): the default")]
-    rows += [(name, f"transformers {model}, random weights from {cfg} with the preset's sizes (the [hf] extra)")
-             for name, (cfg, model, _) in HF_MODELS.items()]
-    rows.append(("pkg.module:Name", "your model class or factory (or path/to/file.py:Name), ids [B, S] -> logits "
-                 "[B, S, V] (or a tuple starting with them); built with the sizes its signature takes, or its "
-                 "config object's fields (GPT(GPTConfig), Transformer(ModelArgs))"))
-    return rows
+    return MODELS.listing()
 
 
 def check_model(name: str, *, what: str = "--model") -> str:
     """Before torch loads: lmsys, hf:NAME, or an import path."""
-    if name == LMSYS or name in HF_MODELS or is_import_path(name) and not name.startswith("hf:"):
-        return name
-    raise LmsysError(f"{what} must be lmsys, {', '.join(HF_MODELS)} or pkg.module:Name, not {name!r}")
+    return MODELS.check(name, what=what)
 
 
 def parse_model_kwargs(text: str | None) -> str:
@@ -116,7 +154,7 @@ def parse_model_kwargs(text: str | None) -> str:
 def with_model(config, model: str | None, model_kwargs: str = ""):
     """`config` for `model` with the kwargs that name a size (vocab_size, ...) applied to the config too,
     so that the data and the FLOPs follow them."""
-    if model is None or model == LMSYS and not model_kwargs:
+    if model is None or is_lmsys_model(model) and not model_kwargs:
         return config
     kwargs = json.loads(model_kwargs) if model_kwargs else {}
     sizes = {k: v for k, v in kwargs.items() if k in SIZE_NAMES}
@@ -124,7 +162,7 @@ def with_model(config, model: str | None, model_kwargs: str = ""):
 
 
 def is_user_model(config) -> bool:
-    return getattr(config, "model", LMSYS) != LMSYS
+    return not is_lmsys_model(getattr(config, "model", None))
 
 
 @dataclass(frozen=True)
@@ -255,7 +293,7 @@ def constructor_plan(config) -> ConstructorPlan:
     kwargs = json.loads(config.model_kwargs) if config.model_kwargs else {}
     kwargs = {k: v for k, v in kwargs.items() if k not in SIZE_NAMES}  # with_model put those on config
     values = {n: getattr(config, n) for n in SIZE_NAMES if getattr(config, n) is not None}
-    if config.model in HF_MODELS:
+    if _is_hf(config.model):
         return _hf_plan(config.model, config, kwargs)
     factory = load_object(config.model, what="--model")
     params = _parameters(factory)
@@ -299,7 +337,7 @@ def _hf_plan(name: str, config, kwargs: dict) -> ConstructorPlan:
         import transformers
     except ImportError:
         raise LmsysError(f"--model {name} needs transformers: {HF_EXTRA}") from None
-    cfg_cls, _, keys = HF_MODELS[name]
+    cfg_cls, _, keys = MODELS[name].hf
     passed = [(mine, hf, getattr(config, mine)) for mine, hf in keys.items() if getattr(config, mine) is not None]
     if "num_kv_heads" in keys and config.num_kv_heads is None:  # lmsys: as many as query heads; Qwen2Config
         passed.append(("num_kv_heads", keys["num_kv_heads"], config.num_heads))  # defaults to 32, MistralConfig 8
@@ -346,7 +384,7 @@ def build_user_model(config, *, device):
         if plan.how == "hf":
             import transformers
 
-            model_cls = getattr(transformers, HF_MODELS[config.model][1])
+            model_cls = getattr(transformers, MODELS[config.model].hf[1])
             return _user_lm()(model_cls(plan.config_class(**plan.kwargs)), hf=True)
         factory = load_object(config.model, what="--model")
         if plan.how == "config":
@@ -539,12 +577,12 @@ def tp_plan(config, plan_file: str | None = None) -> dict | None:
         if not isinstance(data, dict) or not data:
             raise LmsysError(f"--tp-plan {plan_file}: expected a mapping of module patterns to colwise | rowwise")
         plan, prefix, where = data, "model.", f"--tp-plan {plan_file}"
-    elif config.model in HF_MODELS:
+    elif _is_hf(config.model):
         plan_owner = constructor_plan(config).config_class()
         plan = getattr(plan_owner, "base_model_tp_plan", None)
         import transformers
 
-        base = getattr(transformers, HF_MODELS[config.model][1]).base_model_prefix
+        base = getattr(transformers, MODELS[config.model].hf[1]).base_model_prefix
         prefix, where = f"model.{base}.", f"{config.model}'s base_model_tp_plan"
     else:
         factory = load_object(config.model, what="--model")

@@ -136,10 +136,10 @@ def from_model_config(cfg, *, name: str) -> ModelShape:
 def attention_kind(attn_impl: str) -> str:
     """How an attention implementation moves the s×s scores: lmsys's naive chain (naive, annotated), a
     materialized score matrix with a fused softmax (torch.compile'd naive, SDPA's math backend), or a fused
-    O(s) kernel (every other: SDPA, flash, cuDNN, a user's)."""
-    if attn_impl in ("naive", "annotated"):
-        return "naive"
-    return "materialized" if attn_impl in ("compiled", "sdpa-math") else "flash"
+    O(s) kernel (every other: SDPA, flash, cuDNN, a user's): the spec's `scores`."""
+    from lmsys.kernels.registry import spec
+
+    return spec(attn_impl).scores
 
 
 def gpt(name: str, *, d_model: int, layers: int, heads: int, seq: int = 2048, vocab: int = 51200) -> ModelShape:

@@ -16,14 +16,16 @@ from functools import partial
 from typing import Callable, Optional
 
 from lmsys.core.errors import LmsysError
-from lmsys.core.imports import call_user, is_import_path, load_module, load_object
+from lmsys.core.imports import call_user, load_module, load_object
+from lmsys.core.registry import Registry, Spec
 from lmsys.train.optim import ADAMW_DEFAULTS, DDP_TRAIN_LR
+
+# what `ddp train --lever` adds on top of a strategy's first row (Strategy.levers: the bucketed one's)
+BUCKET_LEVERS = ("learned-order", "grad-views", "bucket-optimizer", "copy-engine")
 
 
 @dataclass(frozen=True)
-class Strategy:
-    name: str
-    help: str
+class Strategy(Spec):
     wrap: Callable  # wrap(model, spec, ctx, *, dtype) -> the wrapped model
     bucketed: bool = False  # one row per --bucket-mb
     shards_params: bool = False  # the optimizer sees shards: no ZeRO-1 on top, no whole gradients to check
@@ -33,41 +35,25 @@ class Strategy:
     optimizer_label: str = "AdamW"
     hooks: Optional[Callable] = None  # (wrapped, optimizer, spec) -> (before, after_backward); None: methods
     full_params: Optional[Callable] = None  # (wrapped, spec) -> {name: tensor}; None: the module's own
+    origin: str = "lmsys"  # lmsys | torch | yours (the adapters' or an import path's)
+    levers: tuple[str, ...] = ()  # `ddp train --lever`s it takes, each a row on its first cap and comm dtype
+    lever_optimizer: Optional[Callable] = None  # (wrapped, spec) -> the optimizer a lever brings, or None
+    first_cap_only: bool = False  # with buckets, but one row at the first --bucket-mb (yours-zero1)
+    mesh_dp: bool = False  # `parallel train --dp-strategy` takes it (the dp dimension of a mesh)
+    note: str = ""  # the line under a `ddp train` table that has its row
+
+    @property
+    def hand_written(self) -> bool:
+        """lmsys's own wrapper (not torch's, not a user's)."""
+        return self.origin == "lmsys"
+
+    @property
+    def zero_level(self) -> int:
+        """What it shards, as ZeRO counts: 0 nothing, 1 the optimizer state, 3 the parameters too."""
+        return 3 if self.shards_params else 1 if self.shards_optimizer else 0
 
 
-STRATEGIES: dict[str, Strategy] = {}
-
-
-def register(name: str, help: str, **kw):
-    """`@register("naive", "one line")` on wrap(model, spec, ctx, *, dtype)."""
-    def add(wrap):
-        STRATEGIES[name] = Strategy(name, help, wrap, **kw)
-        return wrap
-    return add
-
-
-def listing() -> list[tuple[str, str]]:
-    rows = [(s.name, s.help + (" (--adapters)" if s.adapters else "")) for s in STRATEGIES.values()]
-    rows.append(("pkg.module:Class", "your DDP-style wrapper: Class(module) or Class(module, bucket_size_mb=...), "
-                 "finish_gradient_synchronization(), optional on_train_batch_start()"))
-    return rows
-
-
-def check_name(name: str, *, adapters: Optional[str] = None) -> str:
-    if name in STRATEGIES:
-        if STRATEGIES[name].adapters and adapters is None:
-            raise LmsysError(f"--strategy {name} runs your adapters' code: add --adapters PATH "
-                             "(a .py file or a module name)")
-        return name
-    if is_import_path(name):
-        return name
-    raise LmsysError(f"--strategy must be one of {', '.join(STRATEGIES)} or pkg.module:Class, not {name!r}")
-
-
-def get(name: str) -> Strategy:
-    """The strategy for a registered name, or one made for an import path (the class is loaded now)."""
-    if name in STRATEGIES:
-        return STRATEGIES[name]
+def _from_path(name: str) -> Strategy:
     cls = load_object(name, what="--strategy")
     if not callable(cls):
         raise LmsysError(f"--strategy {name}: {type(cls).__name__} is not a class or a callable")
@@ -79,7 +65,38 @@ def get(name: str) -> Strategy:
     def wrap(model, spec, ctx, *, dtype):
         return cls(model, bucket_size_mb=spec.bucket_mb) if takes_bucket else cls(model)
 
-    return Strategy(name, "your wrapper", wrap, bucketed=takes_bucket)
+    return Strategy(name, "your wrapper", wrap, bucketed=takes_bucket, origin="yours")
+
+
+STRATEGIES: Registry[Strategy] = Registry(
+    "distributed strategy", option="--strategy", path_form="pkg.module:Class", from_path=_from_path,
+    path_help="your DDP-style wrapper: Class(module) or Class(module, bucket_size_mb=...), "
+              "finish_gradient_synchronization(), optional on_train_batch_start()")
+
+
+def register(name: str, help: str, **kw):
+    """`@register("naive", "one line")` on wrap(model, spec, ctx, *, dtype)."""
+    def add(wrap):
+        STRATEGIES.add(Strategy(name, help, wrap, **kw))
+        return wrap
+    return add
+
+
+def listing() -> list[tuple[str, str]]:
+    return STRATEGIES.listing(label=lambda s: s.help + (" (--adapters)" if s.adapters else ""))
+
+
+def check_name(name: str, *, adapters: Optional[str] = None) -> str:
+    STRATEGIES.check(name)
+    if name in STRATEGIES and STRATEGIES[name].adapters and adapters is None:
+        raise LmsysError(f"--strategy {name} runs your adapters' code: add --adapters PATH "
+                         "(a .py file or a module name)")
+    return name
+
+
+def get(name: str) -> Strategy:
+    """The strategy for a registered name, or one made for an import path (the class is loaded now)."""
+    return STRATEGIES.lookup(name)
 
 
 def adapters_module(spec):
@@ -117,7 +134,7 @@ def _bucketed_optimizer(wrapped, spec):
 
 
 @register("bucketed", "lmsys BucketedDDP: gradients in --bucket-mb buckets, each all-reduced when full",
-          bucketed=True)
+          bucketed=True, levers=BUCKET_LEVERS, lever_optimizer=_bucketed_optimizer, mesh_dp=True)
 def _bucketed(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
     from lmsys.distributed.data_parallel import ddp
@@ -135,7 +152,8 @@ def _bucketed(model, spec, ctx, *, dtype):
                            copy_engine=spec.lever == "copy-engine")
 
 
-@register("torch-ddp", "torch.nn.parallel.DistributedDataParallel (25 MiB buckets)")
+@register("torch-ddp", "torch.nn.parallel.DistributedDataParallel (25 MiB buckets)", origin="torch", mesh_dp=True,
+          note="torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets).")
 def _torch_ddp(model, spec, ctx, *, dtype):
     from torch.nn.parallel import DistributedDataParallel
 
@@ -148,7 +166,7 @@ def _lmsys_fsdp_params(wrapped, spec):
 
 
 @register("fsdp", "lmsys FSDP: parameters sharded, gathered per layer", shards_params=True,
-          optimizer_label="AdamW on shards", full_params=_lmsys_fsdp_params)
+          optimizer_label="AdamW on shards", full_params=_lmsys_fsdp_params, mesh_dp=True)
 def _fsdp(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
     from lmsys.distributed.data_parallel.fsdp import FSDP
@@ -161,7 +179,9 @@ def _dtensor_params(wrapped, spec):  # DTensors: full_tensor() all-gathers each
 
 
 @register("torch-fsdp", "torch FSDP2 fully_shard on each block and the root", shards_params=True,
-          optimizer_label="AdamW on shards", full_params=_dtensor_params)
+          optimizer_label="AdamW on shards", full_params=_dtensor_params, origin="torch", mesh_dp=True,
+          note="torch's FSDP2 fully_shard on each block and the root, parameters in the autocast dtype, "
+               "gradients reduced in fp32.")
 def _torch_fsdp(model, spec, ctx, *, dtype):
     return torch_fully_shard(model, ctx, dtype=dtype)
 
@@ -205,14 +225,14 @@ def _adapter_hooks(before: tuple[str, ...], after: tuple[str, ...]):
 
 
 @register("yours", "your get_ddp(module) (or get_ddp_individual_parameters) and its on_after_backward",
-          adapters=True, hooks=_adapter_hooks((), ("ddp_on_after_backward",
+          adapters=True, origin="yours", hooks=_adapter_hooks((), ("ddp_on_after_backward",
                                                    "ddp_individual_parameters_on_after_backward")))
 def _yours(model, spec, ctx, *, dtype):
     return call_user(adapters_module(spec), ("get_ddp", "get_ddp_individual_parameters"), model)
 
 
 @register("yours-bucketed", "your get_ddp_bucketed(module, bucket_size_mb), one row per --bucket-mb",
-          adapters=True, bucketed=True,
+          adapters=True, bucketed=True, origin="yours",
           hooks=_adapter_hooks(("ddp_bucketed_on_train_batch_start",), ("ddp_bucketed_on_after_backward",)))
 def _yours_bucketed(model, spec, ctx, *, dtype):
     return call_user(adapters_module(spec), ("get_ddp_bucketed",), model, spec.bucket_mb)
@@ -224,7 +244,8 @@ def _yours_fsdp_params(wrapped, spec):
 
 
 @register("yours-fsdp", "your get_fsdp(module, compute_dtype) with --dtype's compute dtype; parity through "
-          "your fsdp_gather_full_params", adapters=True, shards_params=True, optimizer_label="AdamW on shards",
+          "your fsdp_gather_full_params", adapters=True, origin="yours", shards_params=True,
+          optimizer_label="AdamW on shards",
           hooks=_adapter_hooks((), ("fsdp_on_after_backward",)), full_params=_yours_fsdp_params)
 def _yours_fsdp(model, spec, ctx, *, dtype):
     from lmsys.core.devices import torch_dtype
@@ -242,7 +263,8 @@ def _yours_sharded_optimizer(wrapped, spec):
 
 @register("yours-zero1", "lmsys's bucketed DDP (first --bucket-mb) with your get_sharded_optimizer(params, "
           "AdamW, ...): parity and optimizer state per rank against plain AdamW", adapters=True,
-          optimizer=_yours_sharded_optimizer, optimizer_label="your sharded AdamW", shards_optimizer=True)
+          origin="yours", optimizer=_yours_sharded_optimizer, optimizer_label="your sharded AdamW",
+          shards_optimizer=True, first_cap_only=True)
 def _yours_zero1(model, spec, ctx, *, dtype):
     from lmsys.distributed.data_parallel.ddp import BucketedDDP
 
@@ -261,8 +283,8 @@ def make_strategy_optimizer(wrapped, spec, *, sharded: bool):
 
     strategy = get(spec.strategy)
     own = strategy.optimizer(wrapped, spec) if strategy.optimizer else None
-    if own is None and spec.strategy == "bucketed":
-        own = _bucketed_optimizer(wrapped, spec)
+    if own is None and strategy.lever_optimizer is not None:
+        own = strategy.lever_optimizer(wrapped, spec)
     if own is not None:
         return own
     if sharded:  # ZeRO-1 over the same AdamW (train.step sits below distributed: it does not know it)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from lmsys.distributed.data_parallel.strategies import STRATEGIES
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.model_parallel.pipeline import PipelineModule, StepResult, partition
 from lmsys.model.transformer import CausalSelfAttention
@@ -40,7 +41,7 @@ QKV = ("q_proj", "k_proj", "v_proj")
 
 def not_composable(spec, dp_strategy: str) -> Optional[str]:
     """Why torch's row cannot run on this mesh with this dp strategy (None: it can)."""
-    if spec.dp > 1 and dp_strategy in ("bucketed", "torch-ddp") and (spec.tp > 1 or spec.pp > 1):
+    if spec.dp > 1 and not STRATEGIES[dp_strategy].shards_params and (spec.tp > 1 or spec.pp > 1):
         return ("not run: torch's DistributedDataParallel runs here only at tp=1, pp=1 (it takes no DTensor "
                 "parameters; under torch.distributed.pipelining its reducer fails to rebuild buckets or, with "
                 "static_graph, skips the sync); --dp-strategy torch-fsdp composes FSDP2 as torchtitan does")
@@ -146,7 +147,7 @@ class TorchParallelModel:
                 apply_torch_tp(s, mesh.sub("tp"), sequence_parallel=self.sp, loss_parallel=self.loss_parallel)
         self.modules = list(self.stages)  # what runs: the stages, or their DDP wrappers
         if dp > 1:
-            if dp_strategy in ("fsdp", "torch-fsdp"):
+            if STRATEGIES[dp_strategy].shards_params:
                 from torch.distributed.fsdp import fully_shard
 
                 for s in self.stages:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from lmsys.distributed.data_parallel.strategies import STRATEGIES
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.model_parallel.pipeline import StepResult
 from lmsys.distributed.model_parallel.torch_parallel import SCHEDULES
@@ -30,7 +31,7 @@ from lmsys.distributed.model_parallel.torch_parallel import SCHEDULES
 
 def not_composable(spec, dp_strategy: str) -> Optional[str]:
     """Why a --model cannot run on this mesh with this dp strategy (None: it can)."""
-    if spec.dp > 1 and dp_strategy in ("bucketed", "torch-ddp") and (spec.tp > 1 or spec.pp > 1):
+    if spec.dp > 1 and not STRATEGIES[dp_strategy].shards_params and (spec.tp > 1 or spec.pp > 1):
         return (f"not run: {dp_strategy} on a --model runs at tp=1, pp=1 only (DDP takes no DTensor parameters "
                 "and no traced pipeline stages); --dp-strategy fsdp or torch-fsdp composes FSDP2")
     return None
@@ -75,7 +76,7 @@ class UserParallelModel:
             self.modules = [model]
         self.runner = self.modules[0]
         if dp > 1:
-            if dp_strategy in ("fsdp", "torch-fsdp"):
+            if STRATEGIES[dp_strategy].shards_params:
                 from torch.distributed.fsdp import fully_shard
 
                 from lmsys.model.user import find_blocks
@@ -84,7 +85,7 @@ class UserParallelModel:
                     for block in find_blocks(model) or []:
                         fully_shard(block, mesh=mesh.sub("dp"))
                 fully_shard(self.runner, mesh=mesh.sub("dp"))
-            elif dp_strategy == "bucketed":
+            elif STRATEGIES[dp_strategy].hand_written:  # lmsys's BucketedDDP
                 from lmsys.distributed.data_parallel.ddp import BucketedDDP
 
                 self.runner = BucketedDDP(model, 25.0, group=mesh.group("dp"))
