@@ -93,6 +93,8 @@ def run_cluster(data: dict, run: dict):
     system = data["systems"][run["system"]]
     gpu = get_gpu(system["gpu"], option="a published system's gpu")
     gpu = dataclasses.replace(gpu, **{k: system[k] for k in GPU_OVERRIDES if k in system})
+    if "hbm_GB" in system:  # another part's memory: the table's nvidia-smi reading is not this one's
+        gpu = dataclasses.replace(gpu, memory_MiB=None)
     return Cluster(gpu, run["gpus"], system["gpus_per_node"])
 
 
@@ -134,7 +136,7 @@ def predict(data: dict, run: dict) -> dict:
     lay = run_layout(run)
     prec = run_precision(run)
     rates = table_rates(cluster.gpu, "bf16", eff=Efficiency(), stack=run["stack"])
-    plan = evaluate(shape, lay, prec, rates, cluster, peak_tflops=cluster.gpu.bf16)
+    plan = evaluate(shape, lay, prec, rates, cluster, peak_tflops=cluster.gpu.bf16, fused=run["stack"] == "fused")
     pub = run["published"]
     tps = plan.tokens_per_s_per_gpu
     need = (plan.memory.total + plan.memory.reserve) / GiB

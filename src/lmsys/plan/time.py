@@ -107,18 +107,26 @@ class Rates:
     # forward: QKᵀ and ·V, backward: their four gradients)
     gemm: tuple = ()
     scores: tuple = ()
+    # the table's matmul curve: µs each GEMM adds to its FLOPs at matmul_tflops (launch and tail; 0 with a
+    # profile, whose measured rates hold it): small GEMMs run below the large ones' rate
+    gemm_launch_us: float = 0.0
 
     def matmul_ms(self, M: int, K: int, N: int, *, backward: bool = False) -> float:
         """ms of one M×K·K×N matmul, or (backward) of its two gradients: at the rate measured at the nearest
-        calibrated shape (the least sum of |log| ratios of M, K and N), else at matmul_tflops."""
-        rate = _nearest(self.gemm, (M, K, N), 4 if backward else 3) or self.matmul_tflops
-        return 2.0 * M * K * N * (2 if backward else 1) / (rate * 1e9)
+        calibrated shape (the least sum of |log| ratios of M, K and N), else on the table's curve: at
+        matmul_tflops plus gemm_launch_us a GEMM."""
+        measured = _nearest(self.gemm, (M, K, N), 4 if backward else 3)
+        gemms = 2 if backward else 1
+        ms = 2.0 * M * K * N * gemms / ((measured or self.matmul_tflops) * 1e9)
+        return ms if measured else ms + gemms * self.gemm_launch_us / 1e3
 
     def scores_ms(self, batch: int, s: int, d: int, *, backward: bool = False) -> float:
         """ms of materialized attention's two products over `batch` heads × sequences (QKᵀ and ·V, 2·s²·d
-        FLOPs each; backward: their four gradients), at the nearest measured shape's rate, else matmul_tflops."""
-        rate = _nearest(self.scores, (batch, s, d), 4 if backward else 3) or self.matmul_tflops
-        return 4.0 * batch * s * s * d * (2 if backward else 1) / (rate * 1e9)
+        FLOPs each; backward: their four gradients), at the nearest measured shape's rate, else on the
+        table's curve (two batched GEMMs forward, four backward)."""
+        measured = _nearest(self.scores, (batch, s, d), 4 if backward else 3)
+        ms = 4.0 * batch * s * s * d * (2 if backward else 1) / ((measured or self.matmul_tflops) * 1e9)
+        return ms if measured else ms + (4 if backward else 2) * self.gemm_launch_us / 1e3
 
     def link(self, group: int, *, inter: bool, per_node: int = 1) -> float:
         """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes.
@@ -199,11 +207,16 @@ def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops:
     # a fused attention kernel: the part's own measured fraction where the table has one (the flash
     # kernels of its generation reach far less of a Hopper's peak than of an A100's), else the generic one
     attention = getattr(gpu, "flash", None) or eff.attention
-    return Rates(matmul_tflops=peak * eff.matmul, attention_tflops=peak * attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
+    # the matmul curve: the part's own sustained fraction and per-GEMM time where the table has them
+    # (lmsys.core.hardware: fit to plan calibrate's H200 GEMMs, scaled by MAMF per generation), else eff.matmul
+    matmul = getattr(gpu, "matmul", None) or eff.matmul
+    launch = getattr(gpu, "gemm_launch_us", 0.0) if getattr(gpu, "matmul", None) else 0.0
+    return Rates(matmul_tflops=peak * matmul, gemm_launch_us=launch, attention_tflops=peak * attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
                  intra_GBps=intra, inter_GBps=None if gpu.network_GBps is None else gpu.network_GBps * eff.link,
                  latency_us=eff.latency_us, launch_us=eff.launch_us,
                  elementwise_GBps=gpu.hbm_GBps * (EAGER_ELEMENTWISE if stack == "eager" else eff.hbm),
-                 source=(f"{gpu.name} table × efficiency (matmul {eff.matmul}, flash attention {attention}, "
+                 source=(f"{gpu.name} table × efficiency (matmul {matmul}"
+                         f"{f' + {launch:g} µs a GEMM' if launch else ''}, flash attention {attention}, "
                          f"{stack} elementwise {EAGER_ELEMENTWISE if stack == 'eager' else eff.hbm:.2f}, "
                          f"HBM {eff.hbm}, links {eff.link}, {eff.launch_us:g} µs an op)"))
 
