@@ -109,27 +109,46 @@ def test_inter_node_busbw_is_the_nodes_injection_bandwidth():
     assert rates.link(64, inter=True, per_node=8) == pytest.approx(160.0)
     assert rates.link(64, inter=True, per_node=1) == pytest.approx(20.0)  # strided: one GPU a node
     assert rates.link(64, inter=True, per_node=32) == pytest.approx(240.0)  # capped by NVLink
-    # all-gather of 1 GB over 64 GPUs, 8 a node: 1e9 · 63/64 / 160e9 s + one 10 µs latency
+    # all-gather of 1 GB over 64 GPUs, 8 a node: 1e9 · 63/64 / 160e9 s + NCCL's ring latency: 8.4 µs base,
+    # 56 NVLink steps at 3.4 µs and the 7 steps that cross nodes at 14 µs = 296.8 µs
     ms = rates.collective_ms("all-gather", 64, nbytes=1e9, inter=True, per_node=8)
-    assert ms == pytest.approx(1e9 * 63 / 64 / 160e9 * 1e3 + 0.010)
+    assert ms == pytest.approx(1e9 * 63 / 64 / 160e9 * 1e3 + 0.2968)
+
+
+def test_ring_latency_by_hand():
+    # NCCL's model (tuning.cc, Ring, Simple): base 8.4 µs, 3.4 µs a NVLink step, 5.7 a PCIe one, 14 a network one
+    assert ptime.ring_latency_us("all-gather", 8) == pytest.approx(8.4 + 7 * 3.4)
+    assert ptime.ring_latency_us("all-reduce", 8) == pytest.approx(8.4 + 14 * 3.4)
+    assert ptime.ring_latency_us("reduce-scatter", 32, nodes=4) == pytest.approx(8.4 + 28 * 3.4 + 3 * 14.0)
+    assert ptime.ring_latency_us("all-reduce", 16, nodes=2) == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    assert ptime.ring_latency_us("all-gather", 2, nvlink=False) == pytest.approx(8.4 + 5.7)
+    assert ptime.ring_latency_us("send", 2, nodes=2) == pytest.approx(8.4 + 14.0)
 
 
 def test_fsdp_across_nodes_uses_every_nic():
     # 8 nodes × 8 GPUs of FSDP: the dp group has 8 GPUs in each node, so its gathers run at 8 NICs' rate;
-    # the same mesh with tp=8 inside the node leaves one dp GPU a node (the NIC's rate)
-    from lmsys.plan.shape import gpt
+    # each block's gather hides behind the block before it, its reduce-scatter behind the next backward
+    from lmsys.plan.shape import gpt, layer_params
 
     m = gpt("g", d_model=4096, layers=8, heads=32)
     rates = ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16")
     prec = mem.PRECISIONS["master"]
     wide = ptime.step_time(m, mem.Layout(dp=64, zero=3, microbatches=1), prec, rates, gpus_per_node=8)
     n = mem.stage_params(m, mem.Layout(dp=64, zero=3), first=True, last=True)
-    gather = rates.collective_ms("all-gather", 64, nbytes=n * prec.weight, inter=True, per_node=8)
-    scatter = rates.collective_ms("reduce-scatter", 64, nbytes=n * prec.grad, inter=True, per_node=8)
-    assert gather == pytest.approx(n * 2 * 63 / 64 / 160e9 * 1e3 + 0.010)
-    fwd = m.layers * wide.parts["fwd block ms"]
-    bwd = m.layers * wide.parts["bwd block ms"]
-    assert wide.dp_comm == pytest.approx(max(0.0, gather - fwd) + max(0.0, gather + scatter - bwd))
+    block, root = layer_params(m), n - 8 * layer_params(m)
+    lat = (8.4 + 56 * 3.4 + 7 * 14.0) / 1e3  # NCCL's ring latency over 8 nodes of 8, ms
+    g = block * 2 * 63 / 64 / 160e9 * 1e3 + lat  # one block's gather in 16 bits
+    r = block * 4 * 63 / 64 / 160e9 * 1e3 + lat  # its gradients' reduce-scatter in fp32
+    assert rates.collective_ms("all-gather", 64, nbytes=block * 2, inter=True, per_node=8) == pytest.approx(g)
+    f, b = wide.parts["fwd block ms"], wide.parts["bwd block ms"]
+    share = 16 / 108  # NCCL's 16 SMs of an A100's 108, while a collective runs beside compute
+    fwd = g + 7 * max(0.0, g - f) + share * 7 * min(g, f)
+    bwd = r + 8 * max(0.0, g + r - b) + share * 8 * min(g + r, b)
+    root_ms = (root * 2 * 63 / 64 / 160e9 * 1e3 + lat) * 2 + root * 4 * 63 / 64 / 160e9 * 1e3 + lat
+    assert wide.dp_comm == pytest.approx(fwd + bwd + root_ms)
+    # the same mesh in one node of 8 pays NVLink steps only: less
+    one = ptime.step_time(m, mem.Layout(dp=8, zero=3, microbatches=1), prec, rates, gpus_per_node=8)
+    assert one.dp_comm < wide.dp_comm
 
 
 # ------------------------------------------------------------------------------------------- memory
