@@ -3,7 +3,9 @@ dim, pipeline bubble, optimizer.
 
 Rates come from a calibration profile (what this machine measured) or from the GPU table times stated
 efficiencies (`Efficiency`; one set for every row, never per row). The assumptions, said once:
-- Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate; attention's two
+- Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate, from the table on its
+  curve: each GEMM adds `gemm_launch_us` (lmsys.core.hardware: 0.770 of peak + 3.15 µs, fit to plan
+  calibrate's H200 GEMMs); attention's two
   matmuls at it too when the s×s scores are materialized, at the attention rate inside a fused (flash)
   kernel, which computes only the causal half (backward 2.5× forward); from the table, the attention
   rate is the part's own flash fraction of its peak (`GPU.flash`, with its source) where it has one. A profile that timed the model's
@@ -19,12 +21,15 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   2 backward), as all-gather + reduce-scatter pairs with sequence parallelism (the same bytes). Pipeline
   sends (activations forward, gradients backward; 1/t of them with SP's scatter-gather) are exposed too.
 - Data parallelism overlaps with the backward of the last micro-batch; what exceeds it is exposed, and so
-  is the parameter all-gather after a ZeRO-1/2 step. ZeRO-3 all-gathers overlap with each micro-batch's
-  forward and backward (gradients reduce-scattered every micro-batch).
+  is the parameter all-gather after a ZeRO-1/2 step. ZeRO-3 (`zero3_exposed_ms`): per micro-batch, block
+  by block, each gather hidden behind one block's forward, each gather + reduce-scatter behind one
+  block's backward; the first gather, the last reduce-scatter and the root unit's exposed; while a
+  collective runs beside compute it takes NCCL_SMS of the GPU's SMs from it.
 - 1F1B and GPipe add (p-1) stage-times of bubble, interleaving (p-1)/v (Narayanan et al. 2021); the
   slowest stage (the last, with the LM head, or the first) sets the pace of the m micro-batches.
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
-  twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
+  twice that for an all-reduce (nccl-tests' busbw convention); from the table the latency is NCCL's ring
+  model (`ring_latency_us`: a base and one hop per ring step, NVLink, PCIe or network). busbw is the link's one-way bandwidth
   (half the NVLink figure; across nodes the NIC's line rate × the group's GPUs in each node, capped by
   NVLink: one NCCL ring per NIC) times `Efficiency.link`. Measured (a
   profile's all-reduce busbw per size on n ranks): the all-reduce time at each measured size, linear
