@@ -29,6 +29,24 @@ FA2_A100 = ("Dao, FlashAttention-2 (arXiv 2307.08691), abstract: 50-73 % of the 
 FA2_HOPPER = ("Shah et al., FlashAttention-3 (arXiv 2407.08608), abstract: FlashAttention-2 reaches 35 % of the "
               "H100's peak; the same die in the H200")
 
+# The matmul curve (issue 42): a GEMM of F FLOPs takes F / (peak · matmul) + GEMM_LAUNCH_US. Both numbers are
+# the least-squares fit to the 50 bf16 GEMM timings (25 shapes: forward, and the backward's two GEMMs) that
+# `plan calibrate` measured on an H200 (docs/benchmarks/plan-h200-profile.yaml): 0.770 of the dense peak and
+# 3.15 µs a GEMM (the fit's mean |error| 4.2 %, max 11.5 %). One curve for every part: the generations'
+# best-shape bursts differ (stas00/ml-engineering compute/accelerator/README.md @744d01e, MAMF BF16: A100 SXM
+# 86.9 %, H100 SXM 80.3 %, B200 77.6 % of peak), but scaling the fit by those ratios made every A100 row of
+# the published set and of Korthikanti et al. more optimistic (mean |error| 14.3 % against 13.4 %): not applied.
+MATMUL_FIT = 0.770
+GEMM_LAUNCH_US = 3.15
+PROFILE_FIT = ("least-squares fit to the bf16 GEMMs of docs/benchmarks/plan-h200-profile.yaml (plan calibrate, "
+               "H200): 0.770 of peak + 3.15 µs a GEMM, for every part")
+# Capacity as nvidia-smi reports it (MiB), where it was read on this workplace's machines
+# (/work/.library/device/KINDS.md: 'NVIDIA H100 80GB HBM3 with 81559 MiB', 'NVIDIA H200 with 143771 MiB');
+# elsewhere the datasheet's GB.
+# SMs: 132 on an H100 SXM and an H200 (PyTorch's multi_processor_count on the device machines, KINDS.md), 108
+# on an A100 (A100 whitepaper: 108 SMs of the GA100's 128 enabled).
+SMI = "nvidia-smi memory.total read on an H100 80GB HBM3 / an H200 (the device machines' KINDS.md)"
+
 DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
 
 
@@ -56,6 +74,21 @@ class GPU:
     # backward, with its source; None: lmsys.plan.time.Efficiency.attention
     flash: float | None = None
     flash_source: str = ""
+    # the matmul curve: the fraction of the dense peak a large GEMM sustains, and the fixed time each GEMM
+    # adds (launch and tail), with their source; None: lmsys.plan.time.Efficiency.matmul and no launch time
+    matmul: float | None = None
+    gemm_launch_us: float = 0.0
+    matmul_source: str = ""
+    # the memory a process can use as nvidia-smi reports it (MiB), where read; None: hbm_GB
+    memory_MiB: float | None = None
+    # streaming multiprocessors (the share a collective takes from compute: lmsys.plan.time.NCCL_SMS / sms);
+    # None: not modelled
+    sms: int | None = None
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Bytes of GPU memory: nvidia-smi's MiB where the table has them, else the datasheet's GB."""
+        return self.memory_MiB * 2**20 if self.memory_MiB else self.hbm_GB * 1e9
 
     def peak(self, dtype: str) -> float | None:
         return getattr(self, dtype)
@@ -64,34 +97,44 @@ class GPU:
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("B200", ("b200",), bf16=2250.0, fp16=2250.0, tf32=1125.0, fp32=75.0, fp8=4500.0,
         hbm_GB=180.0, hbm_GBps=8000.0, nvlink_GBps=1800.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
-        sources={"compute": B200_DS, "memory": B200_DS, "links": B200_DS, "network": DGX_B200}, exclude=("gb200",)),
+        sources={"compute": B200_DS, "memory": B200_DS, "links": B200_DS, "network": DGX_B200}, exclude=("gb200",),
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT),
     GPU("H200 NVL", ("h200", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
         hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=4, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, sms=132),
     GPU("H200 SXM", ("h200",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
         hbm_GB=141.0, hbm_GBps=4800.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
-        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": DGX_H200}, flash=0.35, flash_source=FA2_HOPPER),
+        sources={"compute": H200_DS, "memory": H200_DS, "links": H200_DS, "network": DGX_H200}, flash=0.35, flash_source=FA2_HOPPER,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, memory_MiB=143771.0, sms=132),
     GPU("H100 NVL", ("h100", "nvl"), bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5,
         hbm_GB=94.0, hbm_GBps=3900.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT),
     GPU("H100 PCIe", ("h100", "pcie"), bf16=756.5, fp16=756.5, tf32=378.0, fp32=51.0, fp8=1513.0,
         hbm_GB=80.0, hbm_GBps=2000.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=128.0, network_GBps=None,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": PCIE_NET}, flash=0.35, flash_source=FA2_HOPPER,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT),
     GPU("H100 SXM", ("h100",), bf16=989.5, fp16=989.5, tf32=494.5, fp32=67.0, fp8=1979.0,
         hbm_GB=80.0, hbm_GBps=3350.0, nvlink_GBps=900.0, nvlink_gpus=8, pcie_GBps=128.0, network_GBps=50.0,
-        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": DGX_H100}, flash=0.35, flash_source=FA2_HOPPER),
+        sources={"compute": H100_WP, "memory": H100_WP, "links": H100_WP, "network": DGX_H100}, flash=0.35, flash_source=FA2_HOPPER,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, memory_MiB=81559.0, sms=132),
     GPU("A100 80GB PCIe", ("a100", "pcie", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=80.0, hbm_GBps=1935.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, sms=108),
     GPU("A100 40GB PCIe", ("a100", "pcie"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=2, pcie_GBps=64.0, network_GBps=None,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": PCIE_NET}, flash=0.5, flash_source=FA2_A100,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, sms=108),
     GPU("A100 80GB SXM", ("a100", "80"), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=80.0, hbm_GBps=2039.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, sms=108),
     GPU("A100 40GB SXM", ("a100",), bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp8=None,
         hbm_GB=40.0, hbm_GBps=1555.0, nvlink_GBps=600.0, nvlink_gpus=8, pcie_GBps=64.0, network_GBps=25.0,
-        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100),
+        sources={"compute": A100_WP, "memory": A100_WP, "links": A100_WP, "network": DGX_A100}, flash=0.5, flash_source=FA2_A100,
+        matmul=MATMUL_FIT, gemm_launch_us=GEMM_LAUNCH_US, matmul_source=PROFILE_FIT, sms=108),
 )}
 
 

@@ -145,7 +145,7 @@ class Saved:
     core: bool = False  # attention's core (QKᵀ, softmax, dropout, ·V): what selective recomputation drops
 
 
-def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda") -> list[Saved]:
+def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda", fused: bool = False) -> list[Saved]:
     """Every tensor one block keeps, for a micro-batch of b sequences, without parallelism.
 
     lmsys's own choices, each found by counting what autograd saves (saved_tensors_hooks, one count per
@@ -156,11 +156,17 @@ def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda
     every head with grouped-query attention and, at b = 1 without it, V as a view of the whole QKV output
     (its reshape for the batched matmul needs no copy then). CUDA's autocast
     runs softmax in fp32 (its output kept, then a cast for ·V); the CPU's keeps the compute dtype
-    (`device`)."""
+    (`device`).
+
+    `fused`: a compiled or fused stack (torch.compile's min-cut partitioner, Megatron's fused kernels) keeps
+    what its fused kernels need and recomputes cheap elementwise results in the backward: a norm keeps its
+    input in the compute dtype (and per-row statistics, negligible), SwiGLU keeps gate and up only (silu and
+    the product are recomputed from them)."""
     s, h, f, a = m.seq, m.d_model, m.d_ff, m.heads
     sbh, sbk, sbf, ass = s * b * h, s * b * m.kv_dim, s * b * f, a * s * s * b
     act = prec.act
-    out = _norm_saved(m, sbh, prec, "attention") + [Saved("QKV input", sbh, act, "seq"), Saved("Q", sbh, act, "tp")]
+    out = _norm_saved(m, sbh, prec, "attention", fused=fused) + [Saved("QKV input", sbh, act, "seq"),
+                                                                 Saved("Q", sbh, act, "tp")]
     if m.attention == "naive" and m.kv_heads != m.heads:  # K and V repeated to every head before the matmuls
         out += [Saved("K, repeated", sbh, act, "tp"), Saved("V, repeated", sbh, act, "tp")]
     elif m.attention == "naive" and b == 1:  # the view keeps Q, K and V before RoPE
@@ -184,23 +190,26 @@ def saved_tensors(m: ModelShape, *, b: int, prec: Precision, device: str = "cuda
     out.append(Saved("output projection input", sbh, act, "tp"))
     if m.dropout:
         out.append(Saved("attention block dropout mask", sbh, 1, "seq"))
-    out += _norm_saved(m, sbh, prec, "MLP") + [Saved("MLP input", sbh, act, "seq")]
+    out += _norm_saved(m, sbh, prec, "MLP", fused=fused) + [Saved("MLP input", sbh, act, "seq")]
     if m.mlp == "gelu":
         out += [Saved("GeLU input", sbf, act, "tp"), Saved("MLP output projection input", sbf, act, "tp")]
     else:
         if prec.cast:
             out.append(Saved("MLP input, second cast", sbh, act, "seq"))
-        out += [Saved("gate", sbf, act, "tp"), Saved("up", sbf, act, "tp"), Saved("silu(gate)", sbf, act, "tp"),
-                Saved("MLP output projection input", sbf, act, "tp")]
+        out += [Saved("gate", sbf, act, "tp"), Saved("up", sbf, act, "tp")]
+        if not fused:
+            out += [Saved("silu(gate)", sbf, act, "tp"), Saved("MLP output projection input", sbf, act, "tp")]
     if m.dropout:
         out.append(Saved("MLP dropout mask", sbh, 1, "seq"))
     return out
 
 
-def _norm_saved(m: ModelShape, sbh: int, prec: Precision, where: str) -> list[Saved]:
+def _norm_saved(m: ModelShape, sbh: int, prec: Precision, where: str, *, fused: bool = False) -> list[Saved]:
     """What a norm keeps besides its output: a fused LayerNorm its input; lmsys's RMSNorm (fp32 math) its
     input in fp32 and the normalized x·rsqrt(mean x²) in fp32; a low-precision norm (MPT's
     low_precision_layernorm: cast to the compute dtype first) its input in the compute dtype."""
+    if fused or m.fused_norm:  # a fused kernel keeps its input (and per-row statistics, negligible)
+        return [Saved(f"{where} norm input", sbh, prec.act, "seq")]
     if m.norm == "rms" and not m.low_precision_norm:
         return [Saved(f"{where} norm input (fp32)", sbh, 4, "seq"), Saved(f"{where} norm x·rsqrt", sbh, 4, "seq")]
     return [Saved(f"{where} norm input", sbh, prec.act if m.low_precision_norm else prec.residual, "seq")]
@@ -213,14 +222,14 @@ def _split(t: Saved, lay: Layout) -> float:
 
 
 def layer_activation_bytes(m: ModelShape, lay: Layout, prec: Precision, *, checkpoint: str | None = None,
-                           device: str = "cuda") -> float:
+                           device: str = "cuda", fused: bool = False) -> float:
     """Bytes one block keeps for one micro-batch on one GPU, under `checkpoint` (default: the layout's)."""
     checkpoint = lay.checkpoint if checkpoint is None else checkpoint
     if checkpoint == "full":  # only the block's input
         return m.seq * lay.micro_batch * m.d_model * prec.residual / (lay.tp if lay.sp else 1)
     if checkpoint == "op":
         return sum(_split(t, lay) for t in op_saved(m, b=lay.micro_batch, prec=prec))
-    return sum(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device)
+    return sum(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device, fused=fused)
                if not (checkpoint == "selective" and t.core))
 
 
@@ -246,11 +255,12 @@ def op_saved(m: ModelShape, *, b: int, prec: Precision) -> list[Saved]:
     return out
 
 
-def block_backward_transient(m: ModelShape, lay: Layout, prec: Precision, *, device: str = "cuda") -> float:
+def block_backward_transient(m: ModelShape, lay: Layout, prec: Precision, *, device: str = "cuda",
+                             fused: bool = False) -> float:
     """Bytes a block's backward holds beyond its saved tensors and its gradients: the incoming gradient of
     the residual stream and, at the largest saved tensor, its gradient and its input's (the attention
     scores' at this context: the gradients of the probabilities and of the scores)."""
-    largest = max(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device))
+    largest = max(_split(t, lay) for t in saved_tensors(m, b=lay.micro_batch, prec=prec, device=device, fused=fused))
     return m.seq * lay.micro_batch * m.d_model * prec.residual / (lay.tp if lay.sp else 1) + 2 * largest
 
 
@@ -372,17 +382,20 @@ Hopper 32 MiB for cuBLAS and 1 MiB for cuBLASLt (torch's defaults), one handle f
 one for the autograd engine's (the backward's); other GPUs default to 8.1 MiB, a 50 MiB difference."""
 
 
-def memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, device: str = "cuda") -> Memory:
+def memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, device: str = "cuda",
+           fused: bool = False) -> Memory:
     """The per-GPU breakdown of the fuller of the first and last pipeline stages, at its peak phase.
-    `device`: "cuda" (the default: CUDA autocast's fp32 softmax, cuBLAS's workspaces) or "cpu"."""
+    `device`: "cuda" (the default: CUDA autocast's fp32 softmax, cuBLAS's workspaces) or "cpu"; `fused`: a
+    compiled or fused stack's saved tensors (`saved_tensors`), default lmsys's eager block."""
     check_layout(m, lay)
     stages = ("only",) if lay.pp == 1 else ("first", "last")
-    return max((_stage_memory(m, lay, prec, capacity=capacity, stage=st, device=device) for st in stages),
+    return max((_stage_memory(m, lay, prec, capacity=capacity, stage=st, device=device, fused=fused)
+                for st in stages),
                key=lambda x: x.total)
 
 
 def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: float, stage: str,
-                  device: str = "cuda") -> Memory:
+                  device: str = "cuda", fused: bool = False) -> Memory:
     """The stage's bytes at each phase of a step; the largest is its peak.
 
     - forward: at the end of the forward that brings the stage to its most micro-batches in flight:
@@ -409,9 +422,9 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     s, b, h, t = m.seq, lay.micro_batch, m.d_model, lay.tp
     sp_split = t if lay.sp else 1
     layers = m.layers / lay.pp
-    per_layer = layer_activation_bytes(m, lay, prec, device=device)
-    full_layer = layer_activation_bytes(m, lay, prec, checkpoint="none", device=device)
-    transient = block_backward_transient(m, lay, prec, device=device)
+    per_layer = layer_activation_bytes(m, lay, prec, device=device, fused=fused)
+    full_layer = layer_activation_bytes(m, lay, prec, checkpoint="none", device=device, fused=fused)
+    transient = block_backward_transient(m, lay, prec, device=device, fused=fused)
     flight = in_flight(lay, stage="last" if stage == "last" else "first")
     held = lay.microbatches > flight  # a backward ran before the stage held its most micro-batches
     cast_mb, cast_cached = _casts(m, lay, prec, stage=stage)
@@ -427,7 +440,7 @@ def _stage_memory(m: ModelShape, lay: Layout, prec: Precision, *, capacity: floa
     if first and m.dropout:
         head_saved += s * b * h / sp_split  # embedding dropout mask, 1 byte
     if last:  # never recomputed: kept per micro-batch in flight
-        norm = sum(x.nbytes for x in _norm_saved(m, 1, prec, "final"))
+        norm = sum(x.nbytes for x in _norm_saved(m, 1, prec, "final", fused=fused))
         sbv = s * b * m.vocab / t
         head_saved += s * b * h * (norm + prec.act) / sp_split + sbv * (m.logit_bytes or 4)
         # lmsys's loss: logits in the compute dtype, their fp32 copy and log-softmax (kept) in the forward;

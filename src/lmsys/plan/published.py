@@ -93,6 +93,8 @@ def run_cluster(data: dict, run: dict):
     system = data["systems"][run["system"]]
     gpu = get_gpu(system["gpu"], option="a published system's gpu")
     gpu = dataclasses.replace(gpu, **{k: system[k] for k in GPU_OVERRIDES if k in system})
+    if "hbm_GB" in system:  # another part's memory: the table's nvidia-smi reading is not this one's
+        gpu = dataclasses.replace(gpu, memory_MiB=None)
     return Cluster(gpu, run["gpus"], system["gpus_per_node"])
 
 
@@ -134,7 +136,7 @@ def predict(data: dict, run: dict) -> dict:
     lay = run_layout(run)
     prec = run_precision(run)
     rates = table_rates(cluster.gpu, "bf16", eff=Efficiency(), stack=run["stack"])
-    plan = evaluate(shape, lay, prec, rates, cluster, peak_tflops=cluster.gpu.bf16)
+    plan = evaluate(shape, lay, prec, rates, cluster, peak_tflops=cluster.gpu.bf16, fused=run["stack"] == "fused")
     pub = run["published"]
     tps = plan.tokens_per_s_per_gpu
     need = (plan.memory.total + plan.memory.reserve) / GiB
@@ -184,18 +186,21 @@ def validate_published(path: str | Path | None = None) -> tuple[list[dict], dict
 def published_report(path: str | Path | None = None) -> tuple[list[dict], dict, list[str]]:
     """`plan validate --published`: (rows, meta, notes) for the renderer. A run predicted not to fit is a
     row (fits: False) and a note saying what overflows."""
-    from lmsys.plan.time import Efficiency
+    from lmsys.core.hardware import GEMM_LAUNCH_US, MATMUL_FIT
+    from lmsys.plan.time import EAGER_ELEMENTWISE, NCCL_SMS, Efficiency
 
     rows, summary = validate_published(path)
     eff = Efficiency()
-    from lmsys.plan.time import EAGER_ELEMENTWISE
 
     meta = {"runs": f"{summary['runs']} runs from {summary['sources']} sources ({path or 'the shipped set, lmsys/plan/published_runs.yaml'})",
-            "assumptions": (f"one set for every run: the GPU table's bf16 peaks, links and flash-attention fraction "
-                            f"(H100/H200 0.35, A100 0.5; a run's stated hardware figures replace the table's), matmul "
-                            f"{eff.matmul} of the peak, elementwise work at {eff.hbm} of HBM (fused stack) or "
-                            f"{EAGER_ELEMENTWISE:.2f} (eager, measured on an H200), links {eff.link} with "
-                            f"{eff.latency_us:g} µs a collective and across nodes the node's NICs together; "
+            "assumptions": (f"one set for every run: the GPU table's bf16 peaks, links, flash-attention fraction "
+                            f"(H100/H200 0.35, A100 0.5) and memory as nvidia-smi reads it (a run's stated hardware "
+                            f"figures replace the table's); every GEMM at {MATMUL_FIT} of the peak plus "
+                            f"{GEMM_LAUNCH_US:g} µs (fit to plan calibrate's H200 GEMMs), elementwise work at "
+                            f"{eff.hbm} of HBM (fused stack) or {EAGER_ELEMENTWISE:.2f} (eager, measured on an H200), "
+                            f"links {eff.link} with NCCL's ring latency per step; FSDP gathers and reduce-scatters "
+                            f"overlap block by block, the first and last exposed, taking {NCCL_SMS} SMs from compute "
+                            "while they run; across nodes the node's NICs together; "
                             "docs/plan.md lists every one with its source")}
     notes = [f"tokens/s per GPU: mean |error| {summary['mean |error| %']:.1f} %, max {summary['max |error| %']:.1f} %; "
              f"{summary['within 10 %']} of {summary['runs']} runs within 10 %, {summary['within 20 %']} within 20 %.",

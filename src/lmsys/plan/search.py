@@ -29,7 +29,9 @@ class Cluster:
 
     @property
     def capacity(self) -> float:
-        return self.gpu.hbm_GB * 1e9  # the datasheet's GB: at or below what CUDA reports on every part
+        # nvidia-smi's MiB where the table has them (lmsys.core.hardware.GPU.capacity_bytes), else the datasheet's GB
+        cap = getattr(self.gpu, "capacity_bytes", None)
+        return cap if cap is not None else self.gpu.hbm_GB * 1e9
 
 
 @dataclass
@@ -160,8 +162,10 @@ def candidates(m: ModelShape, *, gpus: int, gpus_per_node: int, global_batch: in
                                          micro_batch=b, microbatches=mbs, checkpoint=ckpt)
 
 
-def evaluate(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, cluster: Cluster, *, peak_tflops: float) -> Plan:
-    mem = memory(m, lay, prec, capacity=cluster.capacity)
+def evaluate(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, cluster: Cluster, *, peak_tflops: float,
+             fused: bool = False) -> Plan:
+    """One layout's memory and step time; `fused`: the stack's compiled memory (lmsys.plan.memory.memory)."""
+    mem = memory(m, lay, prec, capacity=cluster.capacity, fused=fused)
     st = step_time(m, lay, prec, rates, gpus_per_node=cluster.gpus_per_node)
     tokens = lay.global_batch * m.seq
     return Plan(lay, mem, st, mfu(st, gpus=lay.gpus, peak_tflops=peak_tflops),

@@ -37,6 +37,7 @@ class ModelShape:
     dropout: bool = False  # dropout after attention, MLP and embedding (1-byte masks kept for backward)
     logit_bytes: int = 0  # bytes kept per logit for the loss; 0: compute dtype + fp32 copy + its gradient
     low_precision_norm: bool = False  # the norms run in the compute dtype and keep their input in it (MPT's)
+    fused_norm: bool = False  # a fused norm kernel (torchtitan's fused_rmsnorm): keeps its input, compute dtype
 
     def __post_init__(self):
         for f in ("vocab", "d_model", "d_ff", "layers", "heads", "kv_heads", "seq"):

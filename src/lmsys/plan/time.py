@@ -3,7 +3,9 @@ dim, pipeline bubble, optimizer.
 
 Rates come from a calibration profile (what this machine measured) or from the GPU table times stated
 efficiencies (`Efficiency`; one set for every row, never per row). The assumptions, said once:
-- Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate; attention's two
+- Matmuls (forward 2·weights·tokens, backward twice that) run at the matmul rate, from the table on its
+  curve: each GEMM adds `gemm_launch_us` (lmsys.core.hardware: 0.770 of peak + 3.15 µs, fit to plan
+  calibrate's H200 GEMMs); attention's two
   matmuls at it too when the s×s scores are materialized, at the attention rate inside a fused (flash)
   kernel, which computes only the causal half (backward 2.5× forward); from the table, the attention
   rate is the part's own flash fraction of its peak (`GPU.flash`, with its source) where it has one. A profile that timed the model's
@@ -19,12 +21,15 @@ efficiencies (`Efficiency`; one set for every row, never per row). The assumptio
   2 backward), as all-gather + reduce-scatter pairs with sequence parallelism (the same bytes). Pipeline
   sends (activations forward, gradients backward; 1/t of them with SP's scatter-gather) are exposed too.
 - Data parallelism overlaps with the backward of the last micro-batch; what exceeds it is exposed, and so
-  is the parameter all-gather after a ZeRO-1/2 step. ZeRO-3 all-gathers overlap with each micro-batch's
-  forward and backward (gradients reduce-scattered every micro-batch).
+  is the parameter all-gather after a ZeRO-1/2 step. ZeRO-3 (`zero3_exposed_ms`): per micro-batch, block
+  by block, each gather hidden behind one block's forward, each gather + reduce-scatter behind one
+  block's backward; the first gather, the last reduce-scatter and the root unit's exposed; while a
+  collective runs beside compute it takes NCCL_SMS of the GPU's SMs from it.
 - 1F1B and GPipe add (p-1) stage-times of bubble, interleaving (p-1)/v (Narayanan et al. 2021); the
   slowest stage (the last, with the LM head, or the first) sets the pace of the m micro-batches.
 - A collective of B bytes over n GPUs takes latency + B·(n-1)/n / busbw (all-gather, reduce-scatter),
-  twice that for an all-reduce (nccl-tests' busbw convention). busbw is the link's one-way bandwidth
+  twice that for an all-reduce (nccl-tests' busbw convention); from the table the latency is NCCL's ring
+  model (`ring_latency_us`: a base and one hop per ring step, NVLink, PCIe or network). busbw is the link's one-way bandwidth
   (half the NVLink figure; across nodes the NIC's line rate × the group's GPUs in each node, capped by
   NVLink: one NCCL ring per NIC) times `Efficiency.link`. Measured (a
   profile's all-reduce busbw per size on n ranks): the all-reduce time at each measured size, linear
@@ -107,18 +112,31 @@ class Rates:
     # forward: QKᵀ and ·V, backward: their four gradients)
     gemm: tuple = ()
     scores: tuple = ()
+    # the table's matmul curve: µs each GEMM adds to its FLOPs at matmul_tflops (launch and tail; 0 with a
+    # profile, whose measured rates hold it): small GEMMs run below the large ones' rate
+    gemm_launch_us: float = 0.0
+    # the table's collectives: NCCL's own latency model of a ring (`RING_LATENCY_US`) instead of latency_us,
+    # and the share of the GPU's SMs a collective running beside compute takes from it (NCCL_SMS / GPU.sms;
+    # 0: none modelled)
+    ring_latency: bool = False
+    comm_sm_share: float = 0.0
 
     def matmul_ms(self, M: int, K: int, N: int, *, backward: bool = False) -> float:
         """ms of one M×K·K×N matmul, or (backward) of its two gradients: at the rate measured at the nearest
-        calibrated shape (the least sum of |log| ratios of M, K and N), else at matmul_tflops."""
-        rate = _nearest(self.gemm, (M, K, N), 4 if backward else 3) or self.matmul_tflops
-        return 2.0 * M * K * N * (2 if backward else 1) / (rate * 1e9)
+        calibrated shape (the least sum of |log| ratios of M, K and N), else on the table's curve: at
+        matmul_tflops plus gemm_launch_us a GEMM."""
+        measured = _nearest(self.gemm, (M, K, N), 4 if backward else 3)
+        gemms = 2 if backward else 1
+        ms = 2.0 * M * K * N * gemms / ((measured or self.matmul_tflops) * 1e9)
+        return ms if measured else ms + gemms * self.gemm_launch_us / 1e3
 
     def scores_ms(self, batch: int, s: int, d: int, *, backward: bool = False) -> float:
         """ms of materialized attention's two products over `batch` heads × sequences (QKᵀ and ·V, 2·s²·d
-        FLOPs each; backward: their four gradients), at the nearest measured shape's rate, else matmul_tflops."""
-        rate = _nearest(self.scores, (batch, s, d), 4 if backward else 3) or self.matmul_tflops
-        return 4.0 * batch * s * s * d * (2 if backward else 1) / (rate * 1e9)
+        FLOPs each; backward: their four gradients), at the nearest measured shape's rate, else on the
+        table's curve (two batched GEMMs forward, four backward)."""
+        measured = _nearest(self.scores, (batch, s, d), 4 if backward else 3)
+        ms = 4.0 * batch * s * s * d * (2 if backward else 1) / ((measured or self.matmul_tflops) * 1e9)
+        return ms if measured else ms + (4 if backward else 2) * self.gemm_launch_us / 1e3
 
     def link(self, group: int, *, inter: bool, per_node: int = 1) -> float:
         """busbw (GB/s) from the table of a collective over `group` GPUs, within a node or across nodes.
@@ -150,7 +168,29 @@ class Rates:
         if measured and not inter:
             return allreduce_ms(measured, group=group, nbytes=nbytes) * factor / bus_factor("all-reduce", group)
         bw = self.link(group, inter=inter, per_node=per_node) * 1e9 / 1e3  # bytes per ms
+        if self.ring_latency:
+            return nbytes * factor / bw + ring_latency_us(kind, group, nodes=group // per_node if inter else 1,
+                                                          nvlink=self.intra_GBps is not None) / 1e3
         return nbytes * factor / bw + (2 if kind == "all-reduce" else 1) * self.latency_us / 1e3
+
+
+# NCCL's latency model of a ring (src/graph/tuning.cc of NVIDIA/nccl at 5067397c2676d5aed50042fc39e5c8ee96eb0027,
+# Simple protocol: the one large buffers take): a base latency per collective, then every step of the ring
+# pays its hop's latency, NVLink or PCIe inside a node, the network's on the steps that cross nodes (n - 1
+# steps for an all-gather or reduce-scatter, of which nodes - 1 cross; twice both for an all-reduce).
+RING_LATENCY_US = {"base": 8.4, "nvlink": 3.4, "pcie": 5.7, "net": 14.0}
+NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc @5067397 (baseLatencies, hwLatencies: Ring, Simple)"
+
+
+def ring_latency_us(kind: str, group: int, *, nodes: int = 1, nvlink: bool = True) -> float:
+    """µs of latency of one ring collective over `group` ranks spread over `nodes` nodes (NCCL's model)."""
+    if kind == "send":
+        steps, inter = 1, 1 if nodes > 1 else 0
+    else:
+        twice = 2 if kind == "all-reduce" else 1
+        steps, inter = twice * (group - 1), twice * (max(1, nodes) - 1)
+    hop = RING_LATENCY_US["nvlink" if nvlink else "pcie"]
+    return RING_LATENCY_US["base"] + (steps - inter) * hop + inter * RING_LATENCY_US["net"]
 
 
 def _nearest(points: tuple, key: tuple, column: int) -> float | None:
@@ -178,6 +218,11 @@ def allreduce_ms(points: dict, *, group: int, nbytes: float) -> float:
     return t_last * nbytes / b_last
 
 
+# SMs an NCCL collective occupies, which compute kernels cannot use while it runs: "If you are on DGX with 8
+# NICs and a top speed of 190 GB/s, then it would use 16 SMs" and "NCCL CTAs won't share an SM with compute
+# kernels" (S. Jeaugey, NCCL maintainer, NVIDIA/nccl issue 689).
+NCCL_SMS = 16
+
 # The software stack's elementwise work (norms, activations, residual adds, RoPE, casts) as a fraction of
 # the datasheet HBM bandwidth: "fused" (Megatron-LM's fused kernels, torch.compile): Efficiency.hbm, the
 # rate a streaming kernel reaches; "eager" (one PyTorch kernel an op, lmsys's own block among them): what
@@ -199,11 +244,18 @@ def table_rates(gpu, dtype: str, *, eff: Efficiency = Efficiency(), peak_tflops:
     # a fused attention kernel: the part's own measured fraction where the table has one (the flash
     # kernels of its generation reach far less of a Hopper's peak than of an A100's), else the generic one
     attention = getattr(gpu, "flash", None) or eff.attention
-    return Rates(matmul_tflops=peak * eff.matmul, attention_tflops=peak * attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
+    # the matmul curve: the part's own sustained fraction and per-GEMM time where the table has them
+    # (lmsys.core.hardware: fit to plan calibrate's H200 GEMMs, scaled by MAMF per generation), else eff.matmul
+    matmul = getattr(gpu, "matmul", None) or eff.matmul
+    launch = getattr(gpu, "gemm_launch_us", 0.0) if getattr(gpu, "matmul", None) else 0.0
+    sms = getattr(gpu, "sms", None)
+    return Rates(matmul_tflops=peak * matmul, gemm_launch_us=launch, ring_latency=True,
+                 comm_sm_share=NCCL_SMS / sms if sms else 0.0, attention_tflops=peak * attention, hbm_GBps=gpu.hbm_GBps * eff.hbm,
                  intra_GBps=intra, inter_GBps=None if gpu.network_GBps is None else gpu.network_GBps * eff.link,
                  latency_us=eff.latency_us, launch_us=eff.launch_us,
                  elementwise_GBps=gpu.hbm_GBps * (EAGER_ELEMENTWISE if stack == "eager" else eff.hbm),
-                 source=(f"{gpu.name} table × efficiency (matmul {eff.matmul}, flash attention {attention}, "
+                 source=(f"{gpu.name} table × efficiency (matmul {matmul}"
+                         f"{f' + {launch:g} µs a GEMM' if launch else ''}, flash attention {attention}, "
                          f"{stack} elementwise {EAGER_ELEMENTWISE if stack == 'eager' else eff.hbm:.2f}, "
                          f"HBM {eff.hbm}, links {eff.link}, {eff.launch_us:g} µs an op)"))
 
@@ -417,7 +469,8 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
         elif lay.zero == 2:
             dp_comm = max(0.0, grads - bwd_mb) + params
         else:
-            dp_comm = mbs * (max(0.0, params - fwd_mb) + max(0.0, params + grads - bwd_mb))
+            dp_comm = mbs * zero3_exposed_ms(m, lay, prec, rates, n=n, fwd_layer=fwd + tp_fwd,
+                                             bwd_layer=bwd + recompute + tp_bwd, inter=dp_inter, per_node=dp_per_node)
     shard = lay.dp if lay.zero >= 1 else 1
     optimizer = n / shard * optimizer_bytes(prec) / opt_rate
     if not rates.overlap:  # a CPU: the host is the device
@@ -435,6 +488,39 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
              "host optimizer ms": host_opt, "elementwise fwd block ms": bc.bytes_fwd / ew,
              "elementwise bwd block ms": bc.bytes_bwd / ew, "autocast casts block ms": bc.cast_bytes / ew}
     return StepTime(compute, recompute_ms, tp_comm, pp_comm, dp_comm, bubble, optimizer, host, flops, parts)
+
+
+def zero3_exposed_ms(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, n: float, fwd_layer: float,
+                     bwd_layer: float, inter: bool, per_node: int) -> float:
+    """ms one micro-batch's ZeRO-3 (FSDP) communication adds to its forward and backward on one GPU.
+
+    FSDP gathers one block at a time, prefetching the next while the current computes, and reduce-scatters
+    a block's gradients while the block before it runs its backward (Zhao et al. 2023, PyTorch FSDP, section
+    3.4). So each overlap is bounded by one block's compute: per block max(0, gather - forward) in the
+    forward, max(0, gather + reduce-scatter - backward) in the backward (one NCCL stream: they queue), the
+    first block's gather and the last reduce-scatter exposed, as is the gather and reduce-scatter of the
+    rest (embedding, head: the root unit). While a collective runs beside compute it holds `comm_sm_share`
+    of the SMs: the overlapped part of the compute runs that much slower."""
+    from lmsys.plan.shape import layer_params
+
+    d, layers = lay.dp, m.layers / lay.pp
+    block = layer_params(m) / lay.tp
+    root = max(0.0, n - layers * block)
+
+    def gather(params):
+        return rates.collective_ms("all-gather", d, nbytes=params * prec.gathered, inter=inter, per_node=per_node)
+
+    def scatter(params):
+        return rates.collective_ms("reduce-scatter", d, nbytes=params * prec.grad, inter=inter, per_node=per_node)
+
+    g, r = gather(block), scatter(block)
+    share = rates.comm_sm_share
+    fwd = g + (layers - 1) * max(0.0, g - fwd_layer) + share * (layers - 1) * min(g, fwd_layer)
+    bwd = r + layers * max(0.0, g + r - bwd_layer) + share * layers * min(g + r, bwd_layer)
+    if root:
+        fwd += gather(root)
+        bwd += gather(root) + scatter(root)
+    return fwd + bwd
 
 
 def mfu(st: StepTime, *, gpus: int, peak_tflops: float) -> float:

@@ -20,7 +20,8 @@ GROUPS = [
 NOTES = [
     "Memory per GPU on its fullest pipeline stage at the phase of the step where it peaks (memory peak: forward, "
     "backward start, backward end or optimizer), each term what is alive then (no gradient yet at a first "
-    "forward's end); headroom = the datasheet's GB - (1 GiB + 5 %) reserve (CUDA context, NCCL, fragmentation) "
+    "forward's end); headroom = the GPU's memory (nvidia-smi's MiB where the GPU table has them, else the "
+    "datasheet's GB) - (1 GiB + 5 %) reserve (CUDA context, NCCL, fragmentation) "
     "- the rest. Activations per Korthikanti et al. 2022, counted tensor by tensor (docs/plan.md).",
     "Step time on the slowest GPU; comm = what is not hidden under compute (tensor and pipeline "
     "communication never are); bubble (p-1)/(m+p-1) of a pipeline step (÷ chunks interleaved).",
