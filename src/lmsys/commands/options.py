@@ -40,6 +40,7 @@ FLAGS: dict[str, tuple[str, ...]] = {  # option key -> its flag and aliases (the
     "pp_schedule": ("--pp-schedule",),
     "profile": ("--profile",),
     "quiet": ("--quiet", "-q"),
+    "seq_len": ("--seq-len", "--context-length"),  # flash check: --seq-len documented, the others' name too
     "sequence_parallel": ("--sequence-parallel",),
     "size": ("--size",),
     "sm_carveout": ("--sm-carveout",),
