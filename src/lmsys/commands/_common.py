@@ -8,10 +8,10 @@ from typing import Iterable, Iterator, Optional, TypeVar
 
 import typer
 
-T = TypeVar("T")
-
 from lmsys.commands.options import DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, QuietOpt  # noqa: F401 (re-exported)
 from lmsys.core.parsing import check_counts, check_one_size  # noqa: F401 (re-exported)
+
+T = TypeVar("T")
 
 
 def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: Optional[str] = None,
