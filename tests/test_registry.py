@@ -211,9 +211,6 @@ OTHER_VOCABULARIES = {
 OTHER_IN_FILE = {
     ("bench/parallel.py", "impl"): "parallel train --impl: lmsys | torch, which implementation of the mesh runs",
 }
-# TODO(issue 40 item 3): the lead ports commands/*.py's name tests to the specs after merging the thin-commands
-# branch (the list is in the registry branch's report); then this allowlist goes.
-ALLOWED_DIRS = ("commands/",)
 
 
 def _strings(node) -> list[str]:
@@ -279,7 +276,7 @@ def test_no_registered_name_is_tested_outside_its_spec():
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel in SPEC_FILES or rel.startswith(ALLOWED_DIRS):
+        if rel in SPEC_FILES:
             continue
         found += name_tests(ast.parse(path.read_text()), names, rel)
     assert not found, "registered names tested outside their spec (ask the spec instead):\n" + "\n".join(found)

@@ -458,3 +458,76 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
     fig.tight_layout()
     save_figure(fig, path, what="--plot", dpi=120)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------- the command's
+
+@dataclass
+class AttentionRun:
+    """What `bench attention` runs, its options checked (`resolve`): one sweep per dtype."""
+
+    sweeps: list[Sweep]
+    device: object
+    notes: list[str]  # what was chosen for the user (a CPU fallback, the small CPU sweep): said before it runs
+    plot: str | None = None
+
+
+def resolve(*, impl, adapters, batch, heads, kv_heads, d_head, seq_len, dtype, causal, preset, warmup, steps, policy,
+            plot, device: str) -> AttentionRun:
+    """Every option of `bench attention` checked: the torch-free ones first (a typo answers before torch
+    loads), then the device and the sweeps (an implementation that needs Triton, not installed: one line
+    naming the extra)."""
+    from lmsys.core.devices import DTYPE_CHOICES, resolve_device
+    from lmsys.core.files import check_output_path
+    from lmsys.core.parsing import parse_int_list, parse_list
+
+    check_output_path(plot, what="--plot")
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
+        if dtype is not None else [None]
+    for text in policy or ():
+        split_policy(text)  # the syntax; the fields and values once the kernels' Policy is imported
+    dev = resolve_device(device)
+    from lmsys.kernels.registry import ATTENTION
+    from lmsys.kernels.requirements import require_triton
+
+    for name in parse_list(impl, str, what="--impl") if impl else ():
+        if name in ATTENTION and attention_spec(name).needs_triton:
+            require_triton(name)
+    sizes = dict(impls=parse_list(impl, str, what="--impl") if impl else None,
+                 batch=parse_int_list(batch, what="--batch-size") or None,
+                 heads=parse_int_list(heads, what="--heads") or None,
+                 d_head=parse_int_list(d_head, what="--d-head") or None,
+                 seq_len=parse_int_list(seq_len, what="--context-length") or None)
+    resolved = [resolve_sweep(device=dev, preset=preset, dtype=one, causal=causal, warmup=warmup, steps=steps,
+                              kv_heads=kv_heads, policies=policy, adapters=adapters, **sizes)
+                for one in dtypes]
+    _, notes = resolved[0]  # the notes say what was chosen, the same for every dtype
+    return AttentionRun(sweeps=[sweep for sweep, _ in resolved], device=dev, notes=notes, plot=plot)
+
+
+def attention_report(run: AttentionRun):
+    """`bench attention`: every sweep (under the progress display), one Report; the plot when asked."""
+    from lmsys.core.devices import environment
+    from lmsys.core.flops import ATTENTION_RATE_NOTE
+    from lmsys.core.results import Report
+
+    sweeps = run.sweeps
+    rows = list(progress.rows(run_sweeps(sweeps, device=run.device), total=sum(s.size for s in sweeps),
+                              description="bench attention"))
+    meta = environment(run.device)
+    meta["run"] = describe_sweeps(sweeps)
+    notes = list(run.notes)
+    notes.append("ms: mean ± std over the timed steps (CUDA events on a GPU). " + ATTENTION_RATE_NOTE)
+    notes.append("Memory (GPU only): peak allocated during one forward, allocated just before its backward "
+                 "(inputs, saved tensors, output), peak during the backward.")
+    notes.append("status: each row's first step is checked: O, dQ, dK, dV of batch element 0 (the query heads "
+                 "of key/value head 0) against float64, err = max |x - ref| / max(max |ref|, 1), tolerance "
+                 "fp32 1e-4 (your attention's: 1e-2, the handout's), bf16/fp16 2e-2; `wrong (...)` names the tensors beyond it, and the command exits 1.")
+    notes.append("host µs: median host time to issue one forward+backward on an idle device, after the timed "
+                 "steps; near fwd+bwd ms × 1000 the row is host-bound (on a CPU: the whole step).")
+    report = Report("bench attention", rows, meta, notes)
+    if run.plot is not None:
+        title = f"attention fwd+bwd, {describe_sweeps(sweeps).split(', warmup')[0]}"
+        plot_attention(rows, run.plot, title=title)
+        notes.append(f"Plot written to {run.plot}.")
+    return report

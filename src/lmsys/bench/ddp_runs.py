@@ -169,3 +169,93 @@ def train_notes(runs: list[RunSpec], *, baseline: bool) -> list[str]:
     if not baseline:
         notes.append("--no-single-process: no one-process rows, so scaling eff % and parity are empty.")
     return notes
+
+
+@dataclass
+class DdpTrain:
+    """What `ddp train` launches, its options checked (`resolve`): the job's kwargs, one launch per world size."""
+
+    kwargs: dict
+    runs: list
+    backend: str
+    world_sizes: list[int]
+    batch_size: int
+    dtype: str
+    warmup: int
+    steps: int
+    baseline: bool
+    ctas: Optional[str] = None
+    warning: Optional[str] = None  # ranks that outnumber the cores: said on stderr before the run
+
+
+def resolve(*, strategy, adapters, model: Optional[str], model_kwargs: Optional[str], bucket_mb: str, comm_dtype: str,
+            lever: str, sm_carveout: str, nccl_ctas: Optional[int], baseline: bool, shard_optimizer: bool,
+            size: Optional[str], batch_size: int, context_length: Optional[int], dtype: str,
+            peak_tflops: Optional[float], steps: int, warmup: int, world_size: Optional[str],
+            backend: Optional[str], device: str) -> DdpTrain:
+    """Every option of `ddp train` checked in the launching process, the torch-free ones first (a typo answers
+    before torch loads): counts, model, size, strategies and levers; then the backend, the world sizes and
+    the model's size for the strategies."""
+    from dataclasses import asdict
+
+    from lmsys.core.hardware import check_peak
+    from lmsys.core.parsing import check_counts, check_one_size, parse_int_list
+    from lmsys.model.user import check_model, parse_model_kwargs
+
+    check_peak(peak_tflops)
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1))
+    model = check_model(model) if model else None
+    kwargs_json = parse_model_kwargs(model_kwargs)
+    check_one_size(size, command="ddp train", why="one model per run")
+    requested = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    runs = parse_runs(strategy=strategy, bucket_mb=bucket_mb, comm_dtype=comm_dtype, lever=lever,
+                      sm_carveout=sm_carveout, adapters=adapters)
+    ctas = set_nccl_ctas(nccl_ctas)
+    if shard_optimizer and not any(shardable(r.strategy) for r in runs):
+        asked = ", ".join(dict.fromkeys(r.strategy for r in runs))
+        raise LmsysError(f"--shard-optimizer applies to the DDP strategies ({', '.join(SHARDABLE)}, or your "
+                         f"DDP-style pkg.module:Class), not to --strategy {asked}, which shards its own way "
+                         "or brings its own optimizer")
+
+    from lmsys.bench.ddp import resolve_model_size
+    from lmsys.distributed import launch
+
+    chosen_by = launch.backend_option(device, backend)
+    backend = launch.resolve_backend(launch.backend_for_device(device, backend))
+    world_sizes = launch.resolve_world_sizes(requested)
+    launch.check_launch(backend, world_sizes, chosen_by=chosen_by)
+    check_levers_for_backend(runs, backend)
+    warning = launch.warn_oversubscription(world_sizes, backend)
+    size, context_length = resolve_model_size(size, context_length, backend=backend, dtype=dtype, runs=runs,
+                                              model=model, model_kwargs=kwargs_json)
+    kwargs = dict(runs=[asdict(r) for r in runs], size=size, context_length=context_length, batch_size=batch_size,
+                  dtype=dtype, steps=steps, warmup=warmup, shard_optimizer=shard_optimizer, baseline=baseline,
+                  model=model, model_kwargs=kwargs_json, peak_tflops=peak_tflops)
+    return DdpTrain(kwargs=kwargs, runs=runs, backend=backend, world_sizes=world_sizes, batch_size=batch_size,
+                    dtype=dtype, warmup=warmup, steps=steps, baseline=baseline, ctas=ctas, warning=warning)
+
+
+def train_report(plan: DdpTrain, world_size: int, result: dict):
+    """One world size's Report from rank 0's result: its run line, the strategies' notes, and the scaling
+    efficiency left empty where ranks outnumber the cores."""
+    from lmsys.core.results import Report
+    from lmsys.distributed import launch
+
+    meta = result["meta"]
+    meta["run"] = run_line(backend=plan.backend, world_size=world_size, batch_size=plan.batch_size, dtype=plan.dtype,
+                           warmup=plan.warmup, steps=plan.steps, extra=plan.ctas)
+    notes = train_notes(plan.runs, baseline=plan.baseline) + result.get("notes", [])
+    if not launch.under_torchrun() and (why := launch.oversubscribed(world_size, plan.backend)):
+        for row in result["rows"]:
+            if "scaling eff %" in row:
+                row["scaling eff %"] = None
+        notes.append(f"scaling eff % is left empty: {why}; a weak-scaling ratio would say more than "
+                     "100 % or less for reasons that are not the strategy's.")
+    title = "ddp train" if len(plan.world_sizes) == 1 else f"ddp train: world size {world_size}"
+    return Report(title, result["rows"], meta, notes)
+
+
+def parity_failures(reports) -> list[str]:
+    """The strategies whose parity check failed, in every report."""
+    return [row["strategy"] for report in reports for row in report.rows
+            if str(row.get("status", "")).startswith("FAIL")]

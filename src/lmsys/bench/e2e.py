@@ -9,7 +9,7 @@ torch.compile with fused AdamW — and rows carry the speed-ups over both. Rows 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from lmsys.core import progress
@@ -428,3 +428,97 @@ def _max(a, b):
     if b is None:
         return a
     return b if a is None else max(a, b)
+
+
+# ------------------------------------------------------------------------------------- the command's
+
+
+@dataclass
+class E2ERun:
+    """What `bench e2e` runs, its options checked (`resolve`)."""
+
+    configs: list
+    workloads: list
+    modes: list[str]
+    warmup: int
+    steps: int
+    device: object
+    compare: bool
+    peak_tflops: float | None
+
+
+def resolve(*, size, d_model, d_ff, layers, heads, context_length: str, batch_size: str, vocab_size, mode: str,
+            warmup: int, steps: int, dtype: str, peak_tflops, attn, compile: bool, compile_blocks: bool,
+            cuda_graphs: bool, optimizer: str, master_weights: bool, fused_ce: str, tf32: bool,
+            optimizer_in_backward, optimizer_stream, sm_carveout, checkpoint: str, fast: bool, model, model_kwargs,
+            compare: bool, device: str) -> E2ERun:
+    """Every option of `bench e2e` checked: the torch-free ones first (a typo answers before torch loads),
+    then the device, each dtype and attention on it (lmsys.kernels.requirements: what this device and install
+    run), the workloads and their memory."""
+    from lmsys.core.devices import DTYPE_CHOICES
+    from lmsys.core.hardware import check_peak
+    from lmsys.core.parsing import check_counts, parse_int_list, parse_list
+    from lmsys.kernels.registry import check_name
+    from lmsys.kernels.requirements import check_attention_impl as check_attention, require_triton
+    from lmsys.model.user import check_model, is_lmsys_model, parse_model_kwargs
+
+    check_peak(peak_tflops)
+    check_counts(warmup=(warmup, 0), steps=(steps, 1))
+    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")]
+    batch_sizes = parse_int_list(batch_size, what="--batch-size")
+    context_lengths = parse_int_list(context_length, what="--context-length")
+    head_counts = parse_int_list(heads, what="--heads") if heads is not None else [None]
+    carveouts = parse_int_list(sm_carveout, what="--sm-carveout", minimum=0) if sm_carveout is not None else [None]
+    if compile and compile_blocks:
+        raise LmsysError("--compile and --compile-blocks are exclusive: pick one scope")
+    if attn is not None:
+        check_name(attn, what="--impl")
+    model = check_model(model) if model else None
+    if attn is not None and not is_lmsys_model(model):
+        raise LmsysError(f"--impl picks the attention inside lmsys's model; --model {model} runs its own "
+                         "(leave --impl out)")
+    kwargs_json = parse_model_kwargs(model_kwargs)
+
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.model.config import default_size
+    modes = expand_modes(mode)
+    dev = resolve_device(device)
+    for one in dtypes:
+        check_dtype_for_device(one, dev)
+    variants = [{"dtype": one, **step_options(
+        dev, one, fast=fast, attn=attn, compile_scope="model" if compile else ("blocks" if compile_blocks else None),
+        optimizer=optimizer, master_weights=master_weights, fused_ce=fused_ce, tf32=tf32,
+        optimizer_in_backward=optimizer_in_backward, optimizer_stream=optimizer_stream, sm_carveout=carveout)}
+        for one in dtypes for carveout in carveouts]
+    attn_impl = [v.pop("attn_impl") for v in variants][0]  # --impl or --fast's: the same for every dtype
+    if attn_impl is not None:
+        check_attention(attn_impl, dev)
+    if any(v.get("master_weights") for v in variants):
+        require_triton("--master-weights (a fused Triton AdamW)")
+    sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
+    configs = sweep_configs(sizes, context_lengths=context_lengths, heads=head_counts, vocab_size=vocab_size,
+                            d_model=d_model, d_ff=d_ff, layers=layers, attn_impl=attn_impl, model=model,
+                            model_kwargs=kwargs_json)
+    for _, cfg in configs:  # a YAML's own attn_impl, checked as --impl is
+        check_attention(cfg.attn_impl, dev)
+    workloads = resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
+                                  batch_sizes=batch_sizes, variants=variants, cuda_graphs=cuda_graphs)
+    for one in dtypes:
+        check_memory(configs, dev, batch_size=max(batch_sizes), dtype=one)
+    return E2ERun(configs=configs, workloads=workloads, modes=modes, warmup=warmup, steps=steps, device=dev,
+                  compare=compare, peak_tflops=peak_tflops)
+
+
+def e2e_report(run: E2ERun):
+    """`bench e2e`: every workload in every mode (under the progress display), one Report."""
+    from lmsys.core.devices import environment
+    from lmsys.core.results import Report
+
+    per_workload = len(run.modes) * (3 if run.compare else 1)
+    rows = list(progress.rows(
+        run_e2e(run.workloads, modes=run.modes, warmup=run.warmup, steps=run.steps, device=run.device,
+                compare=run.compare, peak_tflops=run.peak_tflops),
+        total=len(run.workloads) * per_workload, description="bench e2e"))
+    meta, notes = describe_run(environment(run.device, peak_tflops=run.peak_tflops), run.configs, run.workloads,
+                               warmup=run.warmup, steps=run.steps, compare=run.compare, device=run.device)
+    return Report("bench e2e", rows, meta, notes)

@@ -75,3 +75,18 @@ def accumulation_experiment(n: int = 1000, addend: float = 0.01) -> list[dict]:
         rows.append({"accumulation": label, "result": value, "abs error": abs(value - exact),
                      "rel error": abs(value - exact) / exact})
     return rows
+
+
+def precision_reports(device: str, steps: int) -> list:
+    """`lmsys precision`: the autocast walk-through on `device` and the accumulation experiment of `steps`
+    additions (under the progress display), two Reports."""
+    from lmsys.core import progress
+    from lmsys.core.devices import environment, resolve_device
+    from lmsys.core.results import Report
+
+    dev = resolve_device(device)
+    walk = Report("autocast: dtype of each tensor (toy model fc1 → ReLU → LayerNorm → fc2)",
+                  autocast_walkthrough(dev, ["fp16", "bf16"]), environment(dev))
+    with progress.display("precision: accumulation"):
+        rows = accumulation_experiment(steps)
+    return [walk, Report(f"accumulating 0.01 {steps} times (exact: {0.01 * steps:g})", rows)]

@@ -1,12 +1,15 @@
-"""Options shared by many commands (defined once, reused as Annotated aliases) and output helpers."""
+"""What every command does around its one library call: check the render options, launch ranks, track
+progress, emit the rows. The shared options live in `lmsys.commands.options` (re-exported here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Iterable, Iterator, Optional, TypeVar
+from typing import Iterable, Iterator, Optional, TypeVar
 
 import typer
 
+from lmsys.commands.options import DeviceOpt, DtypeOpt, FormatOpt, OutputOpt, QuietOpt  # noqa: F401 (re-exported)
+from lmsys.core.parsing import check_counts, check_one_size  # noqa: F401 (re-exported)
 from lmsys.kernels import requirements as _requirements
 
 T = TypeVar("T")
@@ -14,20 +17,6 @@ T = TypeVar("T")
 # what an attention implementation needs, asked of its spec (lmsys.kernels.requirements); kept here by name
 check_attention_impl = _requirements.check_attention_impl
 require_triton = _requirements.require_triton
-
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu (auto: cuda when a GPU is visible).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (one per run).")]
-FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help=(
-    "table | md | csv | json. Default: a table on stdout; with --output, the file's extension picks its format "
-    "(.json, .csv, else md)."))]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help=(
-    "No progress on stderr: neither the display drawn when stderr is a terminal nor, where it is not (a CI log, "
-    "nohup, | tee), the plain line per finished row and per 10 s of a long row that a run over 10 s writes "
-    "(LMSYS_PROGRESS_EVERY sets the seconds). Never anything on stdout."))]
-OutputOpt = Annotated[
-    Optional[Path],
-    typer.Option("--output", "-o", help="Also write the results to FILE (format from --format, else the extension)."),
-]
 
 
 def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: Optional[str] = None,
@@ -50,25 +39,6 @@ def check_render_options(fmt: Optional[str], output: Optional[Path], *, device: 
     if dtype is not None:
         choose(dtype, DTYPE_CHOICES, what="--dtype")
     check_output_path(output)
-
-
-def check_counts(**values: tuple[int, int]) -> None:
-    """check_counts(steps=(steps, 1), warmup=(warmup, 0)): each option at least its minimum, or exit 2."""
-    from lmsys.core.errors import LmsysError
-
-    for opt, (value, minimum) in values.items():
-        if value < minimum:
-            raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
-
-
-def check_one_size(size: Optional[str], *, command: str, why: str) -> None:
-    """--size is one preset or .yaml where a run looks at one model (`bench e2e` takes a comma list):
-    a list there is one line, before torch is imported."""
-    from lmsys.core.errors import LmsysError
-
-    if size is not None and "," in size:
-        raise LmsysError(f"--size {size}: {command} takes one preset or .yaml config, not a list ({why}); "
-                         "run it once per size")
 
 
 def run_on_ranks(target: str, kwargs: dict, *, world_size: int, backend: str, description: str = "run"):

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from lmsys.commands._common import (DeviceOpt, FormatOpt, OutputOpt, QuietOpt, check_counts, check_render_options,
-                                    emit)
+from lmsys.commands._common import check_counts, check_render_options, emit
+from lmsys.commands.options import DeviceOpt, FormatOpt, OutputOpt, QuietOpt, opt
 
 
 MAX_STEPS = 1_000_000
@@ -15,7 +15,7 @@ MAX_STEPS = 1_000_000
 
 def precision(
     device: DeviceOpt = "auto",
-    steps: Annotated[int, typer.Option(help="Additions in the accumulation experiment (at most 1,000,000: about a minute on a CPU).")] = 1000,
+    steps: Annotated[int, opt("steps", "Additions in the accumulation experiment (at most 1,000,000: about a minute on a CPU).")] = 1000,
     quiet: QuietOpt = False,
     format: FormatOpt = None,
     output: OutputOpt = None,
@@ -28,15 +28,6 @@ def precision(
     if steps > MAX_STEPS:  # each addition is a Python-level op: 10^6 take about a minute on a CPU
         raise LmsysError(f"--steps {steps:,} is over the limit of {MAX_STEPS:,} additions")
 
-    from lmsys.bench.precision import accumulation_experiment, autocast_walkthrough
-    from lmsys.core.devices import environment, resolve_device
-    from lmsys.core.results import Report
-    from lmsys.core import progress
+    from lmsys.bench.precision import precision_reports
 
-    dev = resolve_device(device)
-    walk = Report("autocast: dtype of each tensor (toy model fc1 → ReLU → LayerNorm → fc2)",
-                  autocast_walkthrough(dev, ["fp16", "bf16"]), environment(dev))
-    with progress.display("precision: accumulation"):
-        rows = accumulation_experiment(steps)
-    acc = Report(f"accumulating 0.01 {steps} times (exact: {0.01 * steps:g})", rows)
-    emit([walk, acc], format, output)
+    emit(precision_reports(device, steps), format, output)

@@ -106,3 +106,27 @@ def check_message_sizes(labels: list[str], nbytes: list[int], dtype: str) -> Non
         if n % width:
             raise LmsysError(f"--sizes {label}: {n} bytes is not a whole number of {dtype} elements "
                              f"({width} bytes each)", hint=f"give a multiple of {width} bytes")
+
+
+def check_counts(**values: tuple[int, int]) -> None:
+    """check_counts(steps=(steps, 1), warmup=(warmup, 0)): each option at least its minimum, or exit 2."""
+    for opt, (value, minimum) in values.items():
+        if value < minimum:
+            raise LmsysError(f"--{opt.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def check_one_size(size: str | None, *, command: str, why: str) -> None:
+    """--size is one preset or .yaml where a run looks at one model (`bench e2e` takes a comma list):
+    a list there is one line, before torch is imported."""
+    if size is not None and "," in size:
+        raise LmsysError(f"--size {size}: {command} takes one preset or .yaml config, not a list ({why}); "
+                         "run it once per size")
+
+
+def check_dtypes(text: str | None, *, what: str = "--dtype") -> list[str] | None:
+    """A comma list of dtypes, each one of fp32, bf16, fp16; None when the option is not given."""
+    from lmsys.core.devices import DTYPE_CHOICES
+
+    if text is None:
+        return None
+    return [choose(d, DTYPE_CHOICES, what=what) for d in parse_list(text, str, what=what)]

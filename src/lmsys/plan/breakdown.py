@@ -216,3 +216,37 @@ def run_breakdown(sizes: list[str], *, dtypes: list[str], batch_size: int, devic
     return [Report("plan breakdown", rows, meta, notes),
             Report(f"plan breakdown: the largest {what}s", kernel_rows, meta,
                    [f"ms per step of each {what} name (all its calls), the {top} largest of each row; kind as above."])]
+
+
+def resolve(*, size: Optional[str], dtype: Optional[str], batch_size: int, context_length: Optional[int], profile,
+            warmup: int, steps: int, top: int, device: str) -> dict:
+    """`plan breakdown`'s options checked (the torch-free ones first), as `run_breakdown`'s arguments."""
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.core.parsing import check_counts, check_dtypes, parse_list
+    from lmsys.model.config import get_config
+
+    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), top=(top, 1))
+    if context_length is not None:
+        check_counts(context_length=(context_length, 1))
+    dtypes = check_dtypes(dtype) if dtype else None
+    prof = None
+    if profile is not None:
+        from lmsys.plan.profile import load_profile
+
+        prof = load_profile(profile)
+    dev = resolve_device(device)
+    sizes = parse_list(size, str, what="--size") if size else (["xl", "2.7b"] if dev.type == "cuda" else ["tiny"])
+    for s in sizes:
+        get_config(s)  # a bad preset or .yaml: one line now
+    dtypes = dtypes or (["bf16", "fp32"] if dev.type == "cuda" else ["fp32"])
+    for d in dtypes:
+        check_dtype_for_device(d, dev)
+    return dict(sizes=sizes, dtypes=dtypes, batch_size=batch_size, device=dev, profile=prof,
+                profile_path=str(profile) if profile else None, warmup=warmup, steps=steps,
+                context_length=context_length, top=top)
+
+
+def breakdown_reports(**resolved) -> list:
+    """`plan breakdown`: `run_breakdown(**resolve(...))` under the progress display."""
+    with progress.display("plan breakdown"):
+        return run_breakdown(resolved.pop("sizes"), **resolved)

@@ -577,3 +577,42 @@ def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float 
         rows += [{"what": f"all-reduce on {n} {where}", "dtype": dtype, "shape": format_bytes(size),
                   "ms": row["median ms"], "GB/s": row["busbw GB/s"]} for size, row in measured]
     return out, latency_us, rows
+
+
+def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps: int, profile, device: str) -> dict:
+    """`plan calibrate`'s options checked (the torch-free ones first), as `calibrate_report`'s arguments."""
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.core.files import check_output_path
+    from lmsys.core.parsing import check_counts, check_dtypes, parse_list
+    from lmsys.plan.shape import load_shape
+
+    check_output_path(profile, what="--profile")
+    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1))
+    dtypes = check_dtypes(dtype) if dtype else None
+    shapes = [load_shape(name) for name in dict.fromkeys(parse_list(size, str, what="--size"))]
+    dev = resolve_device(device)
+    dtypes = dtypes or (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
+    for d in dtypes:
+        check_dtype_for_device(d, dev)
+    return dict(shapes=shapes, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps,
+                profile=profile)
+
+
+def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warmup: int, steps: int, profile):
+    """`plan calibrate`: measure, write the profile, one Report of the measured rates."""
+    from lmsys.core.devices import environment
+    from lmsys.core.results import Report
+    from lmsys.plan.profile import save_profile
+
+    with progress.display("plan calibrate"):
+        prof, rows = calibrate(shapes, device=device, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
+    save_profile(prof, profile)
+    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
+    if "busbw" not in prof:
+        notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
+    else:
+        notes.append(f"all-reduce rows: GB/s is busbw (nccl-tests: algbw · 2(n−1)/n), through the job `lmsys comm "
+                     f"all-reduce` runs; latency_us = the smallest size's median time, {prof['latency_us']:.1f} µs. "
+                     "plan train and validate take collective times from these points.")
+    meta = {**environment(device), "model": "; ".join(shape.describe() for shape in shapes)}
+    return Report("plan calibrate", rows, meta, notes)

@@ -125,3 +125,32 @@ def plan_train(*, size: str, gpus: int | None = None, gpus_per_node: int | None 
         "stack": f"{stack}: {STACKS[stack]}",
     }
     return [srch.row(p) for p in plans], meta, plans, list(NOTES)
+
+
+def train_report(*, size: str, gpus: int | None, gpus_per_node: int | None, gpu: str | None, cluster, profile,
+                 dtype: str, master_weights: bool, global_batch_tokens: int | None, global_batch: int | None,
+                 context_length: int | None, mesh: str | None, top: int, plot, peak_tflops: float | None,
+                 stack: str):
+    """`plan train`: its options checked (torch-free), the plan, the plot when asked; one Report."""
+    from lmsys.core.files import check_output_path
+    from lmsys.core.hardware import check_peak
+    from lmsys.core.parsing import check_counts, choose
+    from lmsys.core.results import Report
+
+    check_output_path(plot, what="--plot")
+    choose(dtype, ("fp32", "bf16", "fp16"), what="--dtype")
+    choose(stack, ("production", "eager"), what="--stack")
+    check_counts(top=(top, 1))
+    check_peak(peak_tflops)
+    given = dict(gpus=gpus, gpus_per_node=gpus_per_node, context_length=context_length, global_batch=global_batch,
+                 global_batch_tokens=global_batch_tokens)
+    check_counts(**{name: (value, 1) for name, value in given.items() if value is not None})
+    rows, meta, plans, notes = plan_train(
+        size=size, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, cluster=str(cluster) if cluster else None,
+        profile=str(profile) if profile else None, dtype=dtype, master_weights=master_weights,
+        global_batch_tokens=global_batch_tokens, global_batch=global_batch, context_length=context_length,
+        mesh=mesh, top=top, peak_tflops=peak_tflops, stack=stack)
+    if plot is not None:
+        srch.plot_plans(plans, plot, title=f"{meta['model'].split(':')[0]} on {meta['cluster'].split(',')[0]}")
+        notes.append(f"Plot written to {plot}.")
+    return Report("plan train", rows, meta, notes, groups=GROUPS)

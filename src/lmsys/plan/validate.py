@@ -96,6 +96,170 @@ def resolve_meshes(given: Optional[list[str]], *, world_sizes: Optional[list[int
     return list(dict.fromkeys(spec.label for spec in specs))
 
 
+@dataclass
+class ValidateRun:
+    """What `plan validate` runs, its options checked (`resolve`): the published set, or the rows here."""
+
+    published: bool = False
+    published_file: Optional[str] = None
+    profile_path: Optional[str] = None
+    profile: Optional[dict] = None
+    device: object = None
+    backend: Optional[str] = None
+    sizes: list = None
+    dtypes: list = None
+    checkpoints: list = None
+    batch_size: int = 1
+    warmup: int = 1
+    steps: int = 3
+    context_length: Optional[int] = None
+    mesh_plan: Optional[MeshPlan] = None
+    host_rate: str = "beside"
+    repeats: int = 1
+
+
+def resolve(*, profile, published: bool, published_file, size: Optional[str], dtype: Optional[str], checkpoint: str,
+            batch_size: int, warmup: int, steps: int, mesh: Optional[list[str]], world_size: Optional[str],
+            parallel_size: Optional[str], microbatches: int, context_length: Optional[int], dp_strategy: str,
+            pp_schedule: str, virtual_stages: int, sequence_parallel: bool, backend: Optional[str], host_rate: str,
+            repeats: int, device: str) -> ValidateRun:
+    """Every option of `plan validate` checked, in the order the command always checked them: the torch-free
+    ones first (a typo answers before torch loads), then the device, the backend and the meshes."""
+    from lmsys.core.parsing import check_counts, choose, parse_int_list, parse_list
+    from lmsys.distributed.data_parallel.strategies import STRATEGIES
+
+    if published_file is not None and not published:
+        raise LmsysError(f"{published_file}: a runs FILE is read only with --published (lmsys plan validate --published FILE)")
+    if published:
+        return ValidateRun(published=True, published_file=published_file)
+    if profile is None:
+        raise LmsysError("plan validate needs --profile FILE (from `lmsys plan calibrate` on this machine), "
+                         "or --published [FILE] to predict published runs",
+                         hint="lmsys plan validate --help lists the options")
+    check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1), microbatches=(microbatches, 1),
+                 virtual_stages=(virtual_stages, 1), repeats=(repeats, 1))
+    if context_length is not None:
+        check_counts(context_length=(context_length, 1))
+    checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
+    choose(dp_strategy, STRATEGIES.names(lambda s: s.mesh_dp and s.hand_written), what="--dp-strategy")
+    choose(host_rate, ("beside", "profile"), what="--host-rate")
+    from lmsys.distributed.mesh import PP_SCHEDULES
+
+    choose(pp_schedule, PP_SCHEDULES, what="--pp-schedule")
+    if parallel_size is not None and "," in parallel_size:
+        raise LmsysError(f"--parallel-size {parallel_size}: one preset or .yaml config, not a list (the parallel "
+                         "train rows run one model)")
+    world_sizes = parse_int_list(world_size, what="--world-size") if world_size is not None else None
+    if world_sizes and min(world_sizes) < 1:
+        raise LmsysError(f"--world-size must be >= 1, got {min(world_sizes)}")
+    from lmsys.plan.profile import load_profile
+
+    prof = load_profile(profile)
+
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.distributed import launch
+    from lmsys.model.config import default_context_length, default_size, get_config
+
+    if launch.under_torchrun():
+        raise LmsysError("plan validate launches its own processes for the parallel train rows; run it without torchrun")
+    dev = resolve_device(device)
+    backend = launch.resolve_backend(launch.backend_for_device(device, backend))
+    launch.timeout_seconds()  # LMSYS_DIST_TIMEOUT_S checked once, here
+    sizes = parse_list(size, str, what="--size") if size else (
+        ["small", "medium", "large", "xl", "2.7b"] if dev.type == "cuda" else ["tiny"])
+    dtypes = parse_list(dtype, str, what="--dtype") if dtype else (["fp32", "bf16"] if dev.type == "cuda" else ["fp32"])
+    for d in dtypes:
+        check_dtype_for_device(d, dev)
+    meshes = resolve_meshes(mesh, world_sizes=world_sizes, backend=backend)
+    mesh_plan = None
+    if meshes:
+        rank_device = "cuda" if backend == "nccl" else "cpu"
+        psize = parallel_size or default_size(rank_device)
+        get_config(psize)  # a bad preset or .yaml: one line now
+        mesh_plan = MeshPlan(meshes=meshes, size=psize, context_length=context_length or default_context_length(rank_device),
+                             backend=backend, micro_batch=batch_size, microbatches=microbatches,
+                             dp_strategy=dp_strategy, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
+                             sequence_parallel=sequence_parallel)
+    return ValidateRun(profile_path=str(profile), profile=prof, device=dev, backend=backend, sizes=sizes,
+                       dtypes=dtypes, checkpoints=checkpoints, batch_size=batch_size, warmup=warmup, steps=steps,
+                       context_length=context_length, mesh_plan=mesh_plan, host_rate=host_rate, repeats=repeats)
+
+
+def validate_reports(run: ValidateRun):
+    """Run what `resolve` chose and return the reports `plan validate` prints (the published set: one)."""
+    from lmsys.core.devices import environment
+    from lmsys.core.results import Report
+
+    if run.published:
+        from lmsys.plan.published import published_report
+
+        rows, meta, notes = published_report(run.published_file)
+        return Report("plan validate: published runs", rows, meta, notes)
+    repeats, warmup, steps, dev, prof = run.repeats, run.warmup, run.steps, run.device, run.profile
+    with progress.display("plan validate"):
+        e2e, meshes = validate(sizes=run.sizes, dtypes=run.dtypes, checkpoints=run.checkpoints,
+                               batch_size=run.batch_size, warmup=warmup, steps=steps, device=dev, profile=prof,
+                               context_length=run.context_length, mesh_plan=run.mesh_plan,
+                               host_rate=run.host_rate, repeats=repeats)
+    meta = {**environment(dev), "profile": f"{run.profile_path} ({prof['device']})"}
+    again = (f" {repeats} runs of each row, alternating with the host twins: the median of their medians, "
+             "and their time spread (max - min) / median.") if repeats > 1 else ""
+    reports = [Report("plan validate", e2e, meta, error_notes(summary(e2e), memory_here=dev.type == "cuda")
+                      + [f"measured: bench e2e's train step, the median of {steps} timed steps after {warmup} warm-up; "
+                         "peak memory over the step." + again, HOST_NOTE[run.host_rate]])]
+    if run.mesh_plan is not None:
+        reports.append(_mesh_report(run, meshes, meta))
+    return reports
+
+
+def _mesh_report(run: ValidateRun, rows: list[dict], meta: dict):
+    from lmsys.core.results import Report
+    from lmsys.distributed import launch
+
+    mp, backend, repeats, prof = run.mesh_plan, run.backend, run.repeats, run.profile
+    line = (f"{backend}, {mp.size} at context {mp.context_length}, {mp.micro_batch} sequence(s) × {mp.microbatches} "
+            f"micro-batches per dp rank, dp strategy {mp.dp_strategy}, {run.warmup} warm-up + {run.steps} timed steps; "
+            "lmsys.bench.parallel's job, one launch per world size"
+            + (f" in each of {repeats} rounds (the median)" if repeats > 1 else "") + ", no parity reference")
+    notes = error_notes(summary(rows), memory_here=backend == "nccl") + [
+        "predicted: the planner for each row's layout (dp, tp, pp, schedule and chunks, micro-batch size and count, "
+        "dp strategy: bucketed = ZeRO-0, lmsys's FSDP = ZeRO-2 (gathered from its first forward to the gradient "
+        "sync), block = full recomputation), collectives from the profile's measured all-reduce times where it has "
+        "them.", HOST_NOTE[run.host_rate].replace("each size's rows", "the launches"),
+    ]
+    if backend == "gloo" and prof.get("threads"):
+        scales = sorted({(n, launch.rank_threads(n)) for n in {row["world size"] for row in rows}})
+        notes.append(f"CPU: the profile was measured with {prof['threads']} thread(s); each gloo rank computes with "
+                     + ", ".join(f"{t} at world size {n}" for n, t in scales)
+                     + ": its compute and memory rates are scaled by that ratio (rates linear in threads).")
+    return Report("plan validate: parallel train", rows, {**meta, "run": line}, notes)
+
+
+HOST_NOTE = {
+    "beside": "host µs/op: the host's cost per dispatched op that row's prediction used, measured in this process "
+              "before and after each size's rows and between their repeats (plan calibrate's twins at its width), "
+              "the median; --host-rate profile takes the profile's.",
+    "profile": "host µs/op: the profile's (--host-rate profile).",
+}
+
+
+def error_notes(summary: dict, *, memory_here: bool) -> list[str]:
+    """One note per error column of `summary(rows)`: its mean and max |error|, or why it is not measurable."""
+    notes = []
+    for key, value in summary.items():
+        what = key.replace(" error %", "")
+        if value is None:
+            notes.append(f"{what}: not measurable here" + (" (peak memory is tracked on CUDA only)"
+                                                           if what == "memory" and not memory_here else ""))
+        elif key == "host-bound time spread %":
+            notes.append(f"host-bound rows: their runs' time spread mean {value[0]:.1f} %, max {value[1]:.1f} %. Their "
+                         "pace is the host CPU's of the moment; a measured time that moves this much between runs "
+                         "cannot be predicted more closely than it repeats.")
+        else:
+            notes.append(f"{what} error: mean |error| {value[0]:.1f} %, max {value[1]:.1f} %")
+    return notes
+
+
 # ------------------------------------------------------------------------------------------- running
 
 def validate(*, sizes: list[str], dtypes: list[str], checkpoints: list[str], batch_size: int, warmup: int, steps: int,

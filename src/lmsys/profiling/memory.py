@@ -92,3 +92,59 @@ def reports(timeline: Timeline, cap: Capture | None, *, meta: dict, top: int, pn
     largest = Report(f"largest {top} allocations (grouped by size and code location)",
                      largest_rows(timeline, top), notes=files)
     return [phases, largest]
+
+
+# ------------------------------------------------------------------------------------- the command's
+
+def resolve(*, size: str | None, context_length: str, batch_size: int, dtype: str, mode: str, steps: int,
+            device: str, top: int, snapshot: Path | None, max_entries: int, model: str | None,
+            model_kwargs: str | None, out_dir: Path) -> dict:
+    """Every option of `profile memory` checked, the torch-free ones first (a typo answers before torch
+    loads), as `memory_reports`' arguments; --out-dir created and probed before any work (after a
+    --snapshot file is read: a malformed one is one line, before --out-dir exists)."""
+    from lmsys.core.files import check_output_dir
+    from lmsys.core.parsing import check_counts, check_one_size
+    from lmsys.model.user import check_model, parse_model_kwargs
+    from lmsys.profiling.report import ONE_AT_A_TIME
+
+    model, kwargs_json = (check_model(model) if model else None), parse_model_kwargs(model_kwargs)
+    check_counts(steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1), max_entries=(max_entries, 1000))
+    check_one_size(size, command="profile memory", why=ONE_AT_A_TIME)
+    if snapshot is not None:
+        from lmsys.profiling.memory_analysis import analyze_snapshot, load_snapshot
+
+        timeline = analyze_snapshot(load_snapshot(snapshot), snapshot)
+        check_output_dir(out_dir, what="--out-dir")
+        return dict(timeline=timeline, snapshot=snapshot, out_dir=out_dir, top=top)
+
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+    from lmsys.core.parsing import parse_int_list
+    from lmsys.profiling.memory_capture import check_cuda
+    from lmsys.profiling.phases import check_mode
+    from lmsys.profiling.report import one_config
+
+    check_mode(mode)
+    contexts = parse_int_list(context_length, what="--context-length")
+    dev = resolve_device(device)
+    check_cuda(dev)
+    check_dtype_for_device(dtype, dev)
+    configs = [one_config(size, dev, context_length=c, model=model, model_kwargs=kwargs_json) for c in contexts]
+    check_output_dir(out_dir, what="--out-dir")
+    return dict(configs=configs, device=dev, batch_size=batch_size, dtype=dtype, mode=mode, steps=steps,
+                max_entries=max_entries, out_dir=out_dir, top=top)
+
+
+def memory_reports(*, out_dir: Path, top: int, timeline: Timeline | None = None, snapshot: Path | None = None,
+                   configs=None, device=None, max_entries: int = 0, **run) -> tuple[list, list[str]]:
+    """`profile memory`: (its reports, the lines naming the files written): a --snapshot rendered, or each
+    context length recorded (under the progress display)."""
+    if snapshot is not None:
+        found, png = snapshot_reports(timeline, snapshot, out_dir=out_dir, top=top)
+        return found, [f"timeline: {png}"]
+    from lmsys.core import progress
+    from lmsys.core.devices import environment
+
+    sweep = sweep_contexts(configs, device, max_entries=max_entries, out_dir=out_dir, **run)
+    results = list(progress.rows(sweep, total=len(configs), description="profile memory"))
+    found = sweep_reports(results, environment(device), name=configs[0][0], top=top, out_dir=out_dir, **run)
+    return found, [f"snapshot: {r.pickle}  timeline: {r.png}" for r in results]

@@ -107,3 +107,99 @@ def step_meta(meta: dict, name: str, config, *, batch_size: int, dtype: str, mod
     if nsys is not None:
         meta["nsys"] = nsys
     return meta
+
+
+# ------------------------------------------------------------------------------------- the command's
+
+def one_config(size: str | None, device, *, context_length: int, attn_impl: str | None = None,
+               model: str | None = None, model_kwargs: str = ""):
+    """(name, config) of the one model a profile looks at: --size (default: the device's) at this length."""
+    from lmsys.model.config import default_size, resolve_configs
+
+    name = size or default_size(device.type)
+    return resolve_configs([name], context_length=context_length, attn_impl=attn_impl, model=model,
+                           model_kwargs=model_kwargs)[0]
+
+
+def resolve(*, command: list[str] | None, size: str | None, context_length: int, batch_size: int, dtype: str,
+            mode: str, warmup: int, steps: int, device: str, engine: str, trace: str, range_name: str, top: int,
+            annotate_attention: bool, model: str | None, model_kwargs: str | None, nsys_args: str,
+            out_dir: Path) -> dict:
+    """Every option of `profile nsys` checked, the torch-free ones first (a typo answers before torch loads),
+    as `nsys_reports`' arguments; --out-dir created and probed before any work."""
+    import shlex
+
+    from lmsys.core.files import check_output_dir
+    from lmsys.core.parsing import check_counts, check_one_size, choose
+    from lmsys.model.user import check_model, is_lmsys_model, parse_model_kwargs
+    from lmsys.profiling import nsys
+    from lmsys.profiling.phases import check_mode
+
+    model, kwargs_json = (check_model(model) if model else None), parse_model_kwargs(model_kwargs)
+    check_counts(warmup=(warmup, 0), steps=(steps, 1), batch_size=(batch_size, 1), top=(top, 1))
+    check_one_size(size, command="profile nsys", why=ONE_AT_A_TIME)
+    check_mode(mode)
+    choose(engine, ENGINES, what="--engine")
+    try:
+        extra = shlex.split(nsys_args)
+    except ValueError as exc:  # e.g. an unclosed quote
+        raise LmsysError(f"--nsys-args: cannot split {nsys_args!r} ({exc})") from None
+    if engine == "torch" and nsys_args:
+        raise LmsysError("--nsys-args applies to --engine nsys; --engine torch runs torch.profiler")
+    if annotate_attention and not is_lmsys_model(model):
+        raise LmsysError(f"--annotate-attention swaps the attention inside lmsys's model; --model {model} runs "
+                         "its own")
+    shown = dict(range_name=range_name, top=top, out_dir=out_dir, trace=trace, extra=extra)
+    if command:  # `profile nsys -- COMMAND`: nsys around the user's program
+        if engine != "nsys":
+            raise LmsysError("a command after -- is profiled with --engine nsys; --engine torch runs the training step")
+        nsys_path = nsys.find_nsys()
+        check_output_dir(out_dir, what="--out-dir")
+        return dict(command=list(command), nsys_path=nsys_path, **shown)
+    from lmsys.core.devices import check_dtype_for_device, resolve_device
+
+    nsys_path = nsys.find_nsys() if engine == "nsys" else None
+    dev = resolve_device(device)
+    check_engine(engine, dev)
+    check_dtype_for_device(dtype, dev)
+    name, cfg = one_config(size, dev, context_length=context_length,
+                           attn_impl="annotated" if annotate_attention else None, model=model,
+                           model_kwargs=kwargs_json)
+    check_output_dir(out_dir, what="--out-dir")
+    return dict(engine=engine, nsys_path=nsys_path, name=name, config=cfg, device=dev, batch_size=batch_size,
+                dtype=dtype, mode=mode, warmup=warmup, steps=steps, context_length=context_length,
+                annotated=annotate_attention, **shown)
+
+
+ONE_AT_A_TIME = "a profile looks at one configuration at a time"
+
+
+def nsys_reports(*, command: list[str] | None = None, nsys_path: str | None, range_name: str, top: int,
+                 out_dir: Path, trace: str, extra: list[str], **step) -> tuple[list[Report], str]:
+    """`profile nsys`: (its reports, the line naming the file to open): the user's command under nsys, or
+    the training step under nsys or torch.profiler."""
+    import shlex
+
+    from lmsys.profiling import nsys
+
+    if command:
+        prof = nsys.profile_app(nsys_path, command, out_dir=out_dir, name=app_name(command), trace=trace, extra=extra)
+        meta = {"command": shlex.join(command), "nsys": f"{nsys.nsys_version(nsys_path)} ({nsys_path})"}
+        return time_reports(prof, meta=meta, range_name=range_name, top=top, shape=None), \
+            f"nsys report: {prof.files['report']}"
+    from lmsys.core import progress
+    from lmsys.core.devices import environment
+
+    engine, name, cfg, dev = step["engine"], step["name"], step["config"], step["device"]
+    run = dict(batch_size=step["batch_size"], dtype=step["dtype"], mode=step["mode"])
+    context_length, warmup, steps = step["context_length"], step["warmup"], step["steps"]
+    base = step_name(engine, name, context_length=context_length, annotated=step["annotated"], **run)
+    with progress.display(f"profile nsys --engine {engine}"):
+        prof = profile_step(engine, nsys_path, cfg, dev, warmup=warmup, steps=steps, out_dir=out_dir,
+                            name=base, trace=trace, extra=extra, **run)
+    version = f"{nsys.nsys_version(nsys_path)} ({nsys_path})" if nsys_path else None
+    meta = step_meta(environment(dev), name, cfg, warmup=warmup, steps=steps, engine=engine, nsys=version,
+                     prof=prof, **run)
+    shape = (run["batch_size"], cfg.num_heads, context_length, cfg.d_head)
+    where = f"nsys report: {prof.files['report']}" if engine == "nsys" else f"chrome trace: {prof.files['trace']}"
+    return time_reports(prof, meta=meta, range_name=range_name, top=top, shape=shape), where
