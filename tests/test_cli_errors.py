@@ -175,6 +175,8 @@ def test_a_snapshot_directory_is_called_a_directory(lmsys, tmp_path):
     ["flash", "check", "--seed", "-5"], ["profile", "memory", "--format", "bogus"],
     ["bench", "e2e", "--attn", "bogus"], ["profile", "nsys", "--size", "tiny,small"],
     ["profile", "memory", "--size", "tiny,small"], ["ddp", "train", "--size", "tiny,small"],
+    ["parallel", "train", "--dp-strategy", "bogus"], ["parallel", "train", "--checkpoint", "some"],
+    ["plan", "validate", "--profile", "p.yaml", "--dp-strategy", "bogus"],
 ])
 def test_option_errors_answer_before_torch_is_imported(args):
     code = ("import sys; from lmsys.cli import main\n"

@@ -31,8 +31,8 @@ def resolve(*, mesh: Optional[list[str]], dp_strategy: str, sequence_parallel: b
     typo answers before torch loads), each mesh against the model, then the backend and the --model's plan."""
     from lmsys.core.hardware import check_peak
     from lmsys.core.parsing import check_counts, check_one_size, choose, parse_list
-    from lmsys.distributed.mesh import check_plan, parse_mesh
-    from lmsys.distributed.parallelize import CHECKPOINTS, DP_STRATEGIES
+    from lmsys.distributed.data_parallel.strategies import MESH_DP as DP_STRATEGIES
+    from lmsys.distributed.mesh import CHECKPOINTS, check_plan, parse_mesh
     from lmsys.model.config import get_config
 
     check_peak(peak_tflops)

@@ -16,6 +16,7 @@ from lmsys.core.errors import LmsysError
 
 DIMS = ("pp", "dp", "tp")  # slowest- to fastest-varying
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+CHECKPOINTS = ("none", "block")  # what a mesh's blocks recompute (distributed.parallelize)
 
 
 @dataclass(frozen=True)

@@ -334,3 +334,8 @@ def gradients(wrapped, spec) -> Optional[dict]:
     if get(spec.strategy).shards_params or spec.lever == "bucket-optimizer":
         return None
     return {name: p.grad for name, p in inner_module(wrapped).named_parameters()}
+
+
+# --dp-strategy of a mesh: the strategies its dp dimension takes (Strategy.mesh_dp), lmsys's before torch's.
+# Here, torch-free, so that parallel train checks the option before torch loads.
+MESH_DP = tuple(sorted(STRATEGIES.names(lambda s: s.mesh_dp), key=lambda n: not STRATEGIES[n].hand_written))
