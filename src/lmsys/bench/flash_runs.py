@@ -107,7 +107,7 @@ def _report(plan: FlashCheck, rows: list[dict], verdicts: list[str]):
     failed = sum(flash_check.counts_as_failed(r["result"]) for r in rows)
     notes = [
         "err = max |x - ref| / max(max |ref|, 1) for O, the saved logsumexp L, and dQ, dK, dV (dO random); "
-        "tolerance fp32 1e-4 (your code's fp32: 1e-2, the handout's tests' tolerance, which TF32 dots meet), "
+        "tolerance fp32 1e-4 (your code's fp32 on a GPU: 1e-2, the handout's tests' tolerance, which TF32 dots meet), "
         "bf16/fp16 2e-2.",
         f"{len(rows) - failed - skipped} of {len(rows) - skipped} cases pass." if not failed
         else f"{failed} of {len(rows) - skipped} cases FAIL.",
