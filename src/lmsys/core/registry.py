@@ -111,7 +111,7 @@ class Registry(Mapping, Generic[S]):
             groups.setdefault(self.qualifier(spec) if self.qualifier else None, []).append(spec.name)
         known = ", ".join(", ".join(names) + (f" ({q})" if q else "") for q, names in groups.items())
         tail = f" or {self.path_form}" if self.path_form else ""
-        close = difflib.get_close_matches(str(name), list(self._specs), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(str(name), list(self._specs), n=3, cutoff=0.75)
         hint = f"did you mean {' or '.join(close)}? (`lmsys list` lists every name)" if close else None
         return LmsysError(f"{what or self.option} {self.must} {known}{tail}, not {name!r}", hint=hint)
 
