@@ -207,15 +207,8 @@ class TorchParallelModel:
 
     def full_parameters(self, shapes: dict[str, torch.Size]) -> Optional[dict[str, torch.Tensor]]:
         """The full model's parameters on global rank 0 (None elsewhere). A collective."""
-        pieces = {}
-        for s in self.stages:
-            for name, p in s.named_parameters():
-                t = p.detach()
-                t = t.full_tensor() if hasattr(t, "full_tensor") else t  # every rank of the stage's sub-mesh
-                pieces[name.replace("_fsdp_wrapped_module.", "").replace("module.", "")] = t.float().cpu()
-        keep = self.mesh.coord("dp") == 0 and self.mesh.coord("tp") == 0
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(pieces if keep else {}, gathered, dst=0)
+        gathered = gather_parameters(self.mesh, self.stages,
+                                     rename=lambda n: n.replace("_fsdp_wrapped_module.", "").replace("module.", ""))
         if gathered is None:
             return None
         full = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
@@ -230,6 +223,22 @@ class TorchParallelModel:
         for fused, parts in qkv.items():
             full[fused].copy_(torch.cat(parts))
         return full
+
+
+def gather_parameters(mesh, modules, rename=lambda name: name) -> Optional[list[dict]]:
+    """What `full_parameters` assembles from: on global rank 0, one {rename(name): fp32 CPU tensor} per rank,
+    full for the ranks at dp 0 and tp 0 of their stage (a DTensor gathered over its sub-mesh), empty for the
+    others; None on every other rank. A collective."""
+    pieces = {}
+    for module in modules:
+        for name, p in module.named_parameters():
+            t = p.detach()
+            t = t.full_tensor() if hasattr(t, "full_tensor") else t  # every rank of its sub-mesh
+            pieces[rename(name)] = t.float().cpu()
+    keep = mesh.coord("dp") == 0 and mesh.coord("tp") == 0
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(pieces if keep else {}, gathered, dst=0)
+    return gathered
 
 
 def local_numel(p) -> int:

@@ -20,13 +20,12 @@ from contextlib import nullcontext
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from lmsys.distributed.data_parallel.strategies import STRATEGIES
 from lmsys.distributed.mesh import Mesh
 from lmsys.distributed.model_parallel.pipeline import StepResult
-from lmsys.distributed.model_parallel.torch_parallel import SCHEDULES
+from lmsys.distributed.model_parallel.torch_parallel import SCHEDULES, gather_parameters
 
 
 def not_composable(spec, dp_strategy: str) -> Optional[str]:
@@ -143,15 +142,7 @@ class UserParallelModel:
 
     def full_parameters(self, shapes: dict[str, torch.Size]) -> Optional[dict[str, torch.Tensor]]:
         """The full model's parameters (UserLM's names) on global rank 0 (None elsewhere). A collective."""
-        pieces = {}
-        for module in self.modules:
-            for name, p in module.named_parameters():
-                t = p.detach()
-                t = t.full_tensor() if hasattr(t, "full_tensor") else t  # every rank of its sub-mesh
-                pieces[name] = t.float().cpu()
-        keep = self.mesh.coord("dp") == 0 and self.mesh.coord("tp") == 0
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(pieces if keep else {}, gathered, dst=0)
+        gathered = gather_parameters(self.mesh, self.modules)
         if gathered is None:
             return None
         full = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
