@@ -18,6 +18,7 @@
 #                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
 #                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
 #                sdpa-flash -> host.md (the forward alone and cProfile's top: the probe in docs/kernels.md, "Host overhead")
+#                and host_profile.txt: causal and not at 256 keys, what ran, the plans' hits, cProfile's top 12
 #   byo          issue 41: flash check --adapters with the CS336-layout fixtures (Triton compiled), and the
 #                planted missing scale -> byo.md
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
@@ -102,6 +103,14 @@ if part host; then
   T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
   echo "(the next table: LMSYS_FLASH_PLANS=0)" >> "$OUT/host.md"
   LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
+  # why not causal costs more host time at 256 keys: what ran, the plans' hits/normal calls, cProfile's top
+  T=90 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, sys, torch' 'from lmsys.kernels import flash, plans' \
+    'for causal in (True, False):' '  q, k, v = (torch.randn(8, 1, 256, 64, device=torch.device(0), dtype=torch.bfloat16, requires_grad=True) for _ in range(3))' \
+    '  call = lambda: flash.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()' \
+    '  [call() for _ in range(20)]; torch.cuda.synchronize(); plans.STATS.update(hits=0, misses=0, normal=0)' \
+    '  p = cProfile.Profile(); p.enable(); [call() for _ in range(200)]; p.disable(); torch.cuda.synchronize()' \
+    '  print(causal, flash.kernels_ran(flash.FlashAttentionTriton.apply(q, k, v, causal)), dict(plans.STATS))' \
+    '  pstats.Stats(p, stream=sys.stdout).sort_stats(pstats.SortKey.TIME).print_stats(12)')" >> "$OUT/host_profile.txt"
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"
