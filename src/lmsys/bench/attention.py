@@ -491,7 +491,7 @@ def resolve(*, impl, adapters, batch, heads, kv_heads, d_head, seq_len, dtype, c
     from lmsys.kernels.requirements import require_triton
 
     for name in parse_list(impl, str, what="--impl") if impl else ():
-        if name in ATTENTION and attention_spec(name).needs_triton:
+        if name in ATTENTION and ATTENTION[name].needs_triton:
             require_triton(name)
     sizes = dict(impls=parse_list(impl, str, what="--impl") if impl else None,
                  batch=parse_int_list(batch, what="--batch-size") or None,

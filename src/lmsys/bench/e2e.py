@@ -459,7 +459,7 @@ def resolve(*, size, d_model, d_ff, layers, heads, context_length: str, batch_si
     from lmsys.core.hardware import check_peak
     from lmsys.core.parsing import check_counts, parse_int_list, parse_list
     from lmsys.kernels.registry import check_name
-    from lmsys.kernels.requirements import check_attention_impl as check_attention, require_triton
+    from lmsys.kernels.requirements import check_attention_impl, require_triton
     from lmsys.model.user import check_model, is_lmsys_model, parse_model_kwargs
 
     check_peak(peak_tflops)
@@ -492,7 +492,7 @@ def resolve(*, size, d_model, d_ff, layers, heads, context_length: str, batch_si
         for one in dtypes for carveout in carveouts]
     attn_impl = [v.pop("attn_impl") for v in variants][0]  # --impl or --fast's: the same for every dtype
     if attn_impl is not None:
-        check_attention(attn_impl, dev)
+        check_attention_impl(attn_impl, dev)
     if any(v.get("master_weights") for v in variants):
         require_triton("--master-weights (a fused Triton AdamW)")
     sizes = parse_list(default_size(dev.type) if size is None else size, str, what="--size")
@@ -500,7 +500,7 @@ def resolve(*, size, d_model, d_ff, layers, heads, context_length: str, batch_si
                             d_model=d_model, d_ff=d_ff, layers=layers, attn_impl=attn_impl, model=model,
                             model_kwargs=kwargs_json)
     for _, cfg in configs:  # a YAML's own attn_impl, checked as --impl is
-        check_attention(cfg.attn_impl, dev)
+        check_attention_impl(cfg.attn_impl, dev)
     workloads = resolve_workloads(configs, checkpoints=parse_list(checkpoint, str, what="--checkpoint"),
                                   batch_sizes=batch_sizes, variants=variants, cuda_graphs=cuda_graphs)
     for one in dtypes:

@@ -47,7 +47,7 @@ def resolve(*, impl: Optional[str], adapters: Optional[str], device: str, cases:
     dev = resolve_device(device)
     builtin = flash_check.default_impl(dev)  # flash-triton where Triton runs (a GPU or its interpreter)
     from lmsys.kernels.registry import ATTENTION
-    from lmsys.kernels.requirements import check_attention_impl as check_attention
+    from lmsys.kernels.requirements import check_attention_impl
 
     # with --adapters: your versions, yours-triton where lmsys's own Triton kernel runs too
     default = ",".join(ATTENTION.names(lambda s: s.adapters and (not s.runs_triton or ATTENTION[builtin].runs_triton))) \
@@ -55,7 +55,7 @@ def resolve(*, impl: Optional[str], adapters: Optional[str], device: str, cases:
     names = [flash_check.check_impl(n, adapters=adapters)
              for n in dict.fromkeys(parse_list(impl or default, str, what="--impl"))]
     for one in names:
-        check_attention(one, dev)
+        check_attention_impl(one, dev)
     dtypes = parse_list(dtype, flash_check.check_dtype, what="--dtype") if dtype else flash_check.device_dtypes(dev)
     length = flash_check.default_max_len(dev) if max_len is None else max_len
     pins = flash_check.Pins(**pinned)

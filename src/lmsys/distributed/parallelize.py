@@ -22,14 +22,13 @@ import torch
 import torch.distributed as dist
 
 from lmsys.distributed.data_parallel.fsdp import FSDP
-from lmsys.distributed.data_parallel.strategies import MESH_DP, STRATEGIES
+from lmsys.distributed.data_parallel.strategies import HAND_WRITTEN_DP, MESH_DP, STRATEGIES
 from lmsys.distributed.mesh import CHECKPOINTS, Mesh
 from lmsys.distributed.model_parallel.pipeline import PipelineModule, StepResult, p2p_plan, partition, run_schedule
 from lmsys.distributed.model_parallel.tensor_parallel import apply_tensor_parallel, timed_collectives, tp_loss
 from lmsys.train.checkpointing import checkpoint_forward
 
 DP_STRATEGIES = MESH_DP  # --dp-strategy (data_parallel.strategies: torch-free, for the option checks)
-HAND_WRITTEN_DP = tuple(n for n in DP_STRATEGIES if STRATEGIES[n].hand_written)  # torch-* run torch's wrappers
 
 
 class ParallelModel:

@@ -463,7 +463,6 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
                                      inter=dp_inter, per_node=dp_per_node)
         allreduce = rates.collective_ms("all-reduce", d, nbytes=n * prec.grad, inter=dp_inter, per_node=dp_per_node)
         bwd_mb = layers * (bwd + recompute + tp_bwd)  # the recomputation runs inside the backward
-        fwd_mb = layers * (fwd + tp_fwd)
         if lay.zero <= 1:
             dp_comm = max(0.0, allreduce - bwd_mb) + (params if lay.zero == 1 else 0.0)
         elif lay.zero == 2:

@@ -126,7 +126,7 @@ def resolve(*, profile, published: bool, published_file, size: Optional[str], dt
     """Every option of `plan validate` checked, in the order the command always checked them: the torch-free
     ones first (a typo answers before torch loads), then the device, the backend and the meshes."""
     from lmsys.core.parsing import check_counts, choose, parse_int_list, parse_list
-    from lmsys.distributed.data_parallel.strategies import STRATEGIES
+    from lmsys.distributed.data_parallel.strategies import HAND_WRITTEN_DP
 
     if published_file is not None and not published:
         raise LmsysError(f"{published_file}: a runs FILE is read only with --published (lmsys plan validate --published FILE)")
@@ -141,7 +141,7 @@ def resolve(*, profile, published: bool, published_file, size: Optional[str], dt
     if context_length is not None:
         check_counts(context_length=(context_length, 1))
     checkpoints = [choose(c, ("none", "block"), what="--checkpoint") for c in parse_list(checkpoint, str, what="--checkpoint")]
-    choose(dp_strategy, STRATEGIES.names(lambda s: s.mesh_dp and s.hand_written), what="--dp-strategy")
+    choose(dp_strategy, HAND_WRITTEN_DP, what="--dp-strategy")
     choose(host_rate, ("beside", "profile"), what="--host-rate")
     from lmsys.distributed.mesh import PP_SCHEDULES
 

@@ -339,3 +339,4 @@ def gradients(wrapped, spec) -> Optional[dict]:
 # --dp-strategy of a mesh: the strategies its dp dimension takes (Strategy.mesh_dp), lmsys's before torch's.
 # Here, torch-free, so that parallel train checks the option before torch loads.
 MESH_DP = tuple(sorted(STRATEGIES.names(lambda s: s.mesh_dp), key=lambda n: not STRATEGIES[n].hand_written))
+HAND_WRITTEN_DP = tuple(n for n in MESH_DP if STRATEGIES[n].hand_written)  # torch-* run torch's wrappers
