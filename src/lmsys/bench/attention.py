@@ -477,13 +477,12 @@ def resolve(*, impl, adapters, batch, heads, kv_heads, d_head, seq_len, dtype, c
     """Every option of `bench attention` checked: the torch-free ones first (a typo answers before torch
     loads), then the device and the sweeps (an implementation that needs Triton, not installed: one line
     naming the extra)."""
-    from lmsys.core.devices import DTYPE_CHOICES, resolve_device
+    from lmsys.core.devices import resolve_device
     from lmsys.core.files import check_output_path
-    from lmsys.core.parsing import parse_int_list, parse_list
+    from lmsys.core.parsing import check_dtypes, parse_int_list, parse_list
 
     check_output_path(plot, what="--plot")
-    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")] \
-        if dtype is not None else [None]
+    dtypes = check_dtypes(dtype) if dtype is not None else [None]
     for text in policy or ():
         split_policy(text)  # the syntax; the fields and values once the kernels' Policy is imported
     dev = resolve_device(device)

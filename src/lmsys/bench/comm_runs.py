@@ -28,11 +28,10 @@ def resolve(collective: str, *, backend: Optional[str], world_size: Optional[str
             warmup: int, iters: int, baseline: bool, device: str) -> CommRun:
     """Every option checked, the torch-free ones first (a typo answers before torch loads): counts, dtypes,
     message sizes, world sizes; then the backend, the ranks and the memory the biggest size needs."""
-    from lmsys.core.devices import DTYPE_CHOICES
-    from lmsys.core.parsing import check_counts, check_message_sizes, choose, parse_bytes, parse_int_list, parse_list
+    from lmsys.core.parsing import check_counts, check_dtypes, check_message_sizes, parse_bytes, parse_int_list, parse_list
 
     check_counts(warmup=(warmup, 0), steps=(iters, 1))
-    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")]
+    dtypes = check_dtypes(dtype)
     labels = parse_list(sizes, str, what="--sizes")
     nbytes = [parse_bytes(label, what="--sizes") for label in labels]
     for one in dtypes:

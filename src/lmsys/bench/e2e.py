@@ -455,16 +455,15 @@ def resolve(*, size, d_model, d_ff, layers, heads, context_length: str, batch_si
     """Every option of `bench e2e` checked: the torch-free ones first (a typo answers before torch loads),
     then the device, each dtype and attention on it (lmsys.kernels.requirements: what this device and install
     run), the workloads and their memory."""
-    from lmsys.core.devices import DTYPE_CHOICES
     from lmsys.core.hardware import check_peak
-    from lmsys.core.parsing import check_counts, parse_int_list, parse_list
+    from lmsys.core.parsing import check_counts, check_dtypes, parse_int_list, parse_list
     from lmsys.kernels.registry import check_name
     from lmsys.kernels.requirements import check_attention_impl, require_triton
     from lmsys.model.user import check_model, is_lmsys_model, parse_model_kwargs
 
     check_peak(peak_tflops)
     check_counts(warmup=(warmup, 0), steps=(steps, 1))
-    dtypes = [choose(d, DTYPE_CHOICES, what="--dtype") for d in parse_list(dtype, str, what="--dtype")]
+    dtypes = check_dtypes(dtype)
     batch_sizes = parse_int_list(batch_size, what="--batch-size")
     context_lengths = parse_int_list(context_length, what="--context-length")
     head_counts = parse_int_list(heads, what="--heads") if heads is not None else [None]
