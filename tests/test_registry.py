@@ -64,7 +64,6 @@ def test_listing_ends_with_the_import_path_row():
     assert r.listing() == [("small", "a small one"), ("large", "a large one"), ("pkg.module:Name", "your thing")]
     assert r.listing(where=lambda s: s.size > 1, label=lambda s: s.help.upper()) == [
         ("large", "A LARGE ONE"), ("pkg.module:Name", "your thing")]
-    assert r.help_text() == "small, large or pkg.module:Name"
 
 
 def test_a_registry_without_import_paths_refuses_them():

@@ -11,7 +11,7 @@ A registry is a read-only mapping name -> spec in registration order (`name in R
 - `lookup(name)`: the spec of a registered name, else the one `from_path` makes for a user's
   `pkg.module:Name` / `path/to/file.py:Name` (it loads the user's code), else the miss error;
 - `check(name)`: the same answer before anything is loaded (torch-free): the name, or the miss error;
-- `listing()`: (name, help) rows for `lmsys list` and `--help`, the import-path row last;
+- `listing()`: (name, help) rows for `lmsys list` and an option's `list` value, the import-path row last;
 - `miss(name)`: "WHAT must be one of A, B, C or pkg.module:Name, not 'x'", with a hint naming the close
   registered names when there are any.
 
@@ -123,7 +123,3 @@ class Registry(Mapping, Generic[S]):
         if self.path_form is not None:
             rows.append((self.path_form, self.path_help))
         return rows
-
-    def help_text(self) -> str:
-        """The names for an option's --help: "naive, compiled, ... or pkg.module:Name"."""
-        return ", ".join(self._specs) + (f" or {self.path_form}" if self.path_form else "")
