@@ -152,8 +152,10 @@ def test_strategy_specs():
     assert isinstance(S, Registry) and all(isinstance(s, st.Strategy) for s in S.values())
     assert list(S) == ["naive", "flat", "overlap", "bucketed", "torch-ddp", "fsdp", "torch-fsdp", "yours",
                        "yours-bucketed", "yours-fsdp", "yours-zero1"]
-    assert {n: S[n].zero_level for n in ("naive", "bucketed", "fsdp", "torch-fsdp", "yours-zero1")} == {
-        "naive": 0, "bucketed": 0, "fsdp": 3, "torch-fsdp": 3, "yours-zero1": 1}
+    assert {n: (S[n].shards_params, S[n].shards_optimizer) for n in (
+        "naive", "bucketed", "fsdp", "torch-fsdp", "yours-zero1")} == {  # (params, optimizer state): ZeRO 0, 0, 3, 3, 1
+        "naive": (False, False), "bucketed": (False, False), "fsdp": (True, False), "torch-fsdp": (True, False),
+        "yours-zero1": (False, True)}
     assert S.names(lambda s: s.levers) == ("bucketed",) and S["bucketed"].levers == st.BUCKET_LEVERS
     assert S.names(lambda s: s.adapters) == S.names(lambda s: s.origin == "yours")
     assert S.names(lambda s: s.origin == "torch") == ("torch-ddp", "torch-fsdp")

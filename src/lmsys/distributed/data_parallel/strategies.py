@@ -47,11 +47,6 @@ class Strategy(Spec):
         """lmsys's own wrapper (not torch's, not a user's)."""
         return self.origin == "lmsys"
 
-    @property
-    def zero_level(self) -> int:
-        """What it shards, as ZeRO counts: 0 nothing, 1 the optimizer state, 3 the parameters too."""
-        return 3 if self.shards_params else 1 if self.shards_optimizer else 0
-
 
 def _from_path(name: str) -> Strategy:
     cls = load_object(name, what="--strategy")
