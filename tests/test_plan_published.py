@@ -217,6 +217,28 @@ def test_matmul_curve_by_hand():
     assert prof.matmul_ms(4, 8, 16) == pytest.approx(2 * 4 * 8 * 16 / 2e9)
 
 
+def test_matmul_curve_fit_recovers_its_terms_and_the_tables_constants():
+    """plan calibrate's fit (lmsys.plan.calibrate.matmul_curve) on GEMMs made from a known curve gives that
+    curve back, and on the committed H200 profile the constants the GPU table holds (their stated source)."""
+    from pathlib import Path
+
+    from lmsys.plan.calibrate import curve_notes, matmul_curve
+
+    peak, fraction, launch = 989.5, 0.7, 5e-6
+    def tflops(flops, gemms):
+        return flops / (flops / (peak * 1e12 * fraction) + gemms * launch) / 1e12
+    gemms = [[m, k, n, tflops(2 * m * k * n, 1), tflops(4 * m * k * n, 2)]
+             for m, k, n in ((512, 768, 768), (2048, 1600, 6400), (8192, 4096, 4096))]
+    fit = matmul_curve(gemms, peak)
+    assert fit["fraction"] == pytest.approx(0.7) and fit["launch_us"] == pytest.approx(5.0)
+    assert fit["max_error"] < 1e-9 and matmul_curve(gemms[:1], peak) is None
+    profile = yaml.safe_load(Path(__file__).parent.parent.joinpath("docs/benchmarks/plan-h200-profile.yaml").read_text())
+    fit = matmul_curve(profile["gemm_tflops"]["bf16"], hardware.GPUS["H200 SXM"].bf16)
+    assert round(fit["fraction"], 3) == hardware.MATMUL_FIT and round(fit["launch_us"], 2) == hardware.GEMM_LAUNCH_US
+    assert any(line.startswith("bf16 GEMM curve (H200 SXM") and "0.770 of the 989.5 TFLOP/s peak + 3.15 µs" in line
+               for line in curve_notes(profile))
+
+
 def test_fused_stack_saves_less_by_hand():
     # SwiGLU + RMSNorm block, s 4, b 3, h 8, f 24, kv 4, flash, bf16 FSDP: eager keeps each norm's fp32 input
     # and x·rsqrt (8 B), QKV input, Q (2 B), K, V (kv 4), lse (4 B × heads), out-proj input, MLP input and

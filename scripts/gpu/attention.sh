@@ -18,7 +18,8 @@
 #                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
 #                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
 #                sdpa-flash -> host.md (the forward alone and cProfile's top: the probe in docs/kernels.md, "Host overhead")
-#                and host_profile.txt: causal and not at 256 keys, what ran, the plans' hits, cProfile's top 12
+#   hostprof     host_profile.txt: one warm fwd+bwd at 256 keys causal and not: what ran, the plans' hits,
+#                cProfile's top 12 (also run by host)
 #   byo          issue 41: flash check --adapters with the CS336-layout fixtures (Triton compiled), and the
 #                planted missing scale -> byo.md
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
@@ -103,6 +104,8 @@ if part host; then
   T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
   echo "(the next table: LMSYS_FLASH_PLANS=0)" >> "$OUT/host.md"
   LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
+fi
+if part host || part hostprof; then
   # why not causal costs more host time at 256 keys: what ran, the plans' hits/normal calls, cProfile's top
   T=90 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, sys, torch' 'from lmsys.kernels import flash, plans' \
     'for causal in (True, False):' '  q, k, v = (torch.randn(8, 1, 256, 64, device=torch.device(0), dtype=torch.bfloat16, requires_grad=True) for _ in range(3))' \

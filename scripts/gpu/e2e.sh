@@ -16,7 +16,8 @@
 #             heads (d 128) and large with 10 heads (d 128) at context 4096; first bench attention at
 #             xl's attention shape (the per-call cost)
 #   byo       issue 41: --fast on the cs336_basics-style model at xl (its own time to the table), then --compare
-#             (the user model compiled whole as `plain compiled` takes ~135 s alone: give it ~450 s)
+#             (the user model compiled whole as `plain compiled` takes ~135 s alone: give it ~450 s;
+#             BYO_COMPARE=0 leaves --compare out)
 # 16k and baseline are the issue 2/7 tables; run them with PARTS="16k baseline" when needed.
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 480 s; DRY_RUN=1 prints them). $OUT
 # gets e2e.log and one Markdown file per part, each table under the command that printed it.
@@ -71,7 +72,7 @@ if part byo; then
   CS336="bench e2e --fast --model cs336_basics.model:BasicsTransformerLM --size xl --dtype bf16"
   s=$(date +%s); PYTHONPATH=tests/fixtures/byo/pkgs:$PYTHONPATH T=240 run e2e_byo.md $CS336
   echo "($(( $(date +%s) - s )) s from the command to its table)" >> "$OUT/e2e_byo.md"
-  PYTHONPATH=tests/fixtures/byo/pkgs:$PYTHONPATH T=${BYO_T:-450} run e2e_byo.md $CS336 --compare --warmup 2 --steps 5
+  [ "${BYO_COMPARE:-1}" = 1 ] && PYTHONPATH=tests/fixtures/byo/pkgs:$PYTHONPATH T=${BYO_T:-450} run e2e_byo.md $CS336 --compare --warmup 2 --steps 5
 fi
 if part baseline; then
   for dt in fp32 bf16; do

@@ -598,6 +598,48 @@ def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps
                 profile=profile)
 
 
+def matmul_curve(gemms, peak_tflops: float) -> dict:
+    """The hardware table's matmul curve fit to calibrated GEMMs: a GEMM of F FLOPs takes F / (peak · fraction)
+    + launch. `gemms`: a profile's `gemm_tflops[dtype]` rows [M, K, N, forward TFLOP/s, backward TFLOP/s] (the
+    backward is two GEMMs of F each). Least squares on the times (each forward and each backward one
+    equation, as lmsys.core.hardware.MATMUL_FIT was fit): {fraction, launch_us, mean_error, max_error} (errors
+    as fractions of each measured time); None with fewer than two rows."""
+    rows = []  # (FLOPs at peak in s, GEMMs, measured s)
+    for M, K, N, fwd, bwd in gemms:
+        flops = 2.0 * M * K * N
+        rows += [(flops / (peak_tflops * 1e12), 1, flops / (fwd * 1e12)),
+                 (2 * flops / (peak_tflops * 1e12), 2, 2 * flops / (bwd * 1e12))]
+    if len(rows) < 4:
+        return None
+    sxx = sum(x * x for x, _, _ in rows)
+    sxn = sum(x * n for x, n, _ in rows)
+    snn = sum(n * n for _, n, _ in rows)
+    sxt = sum(x * t for x, _, t in rows)
+    snt = sum(n * t for _, n, t in rows)
+    det = sxx * snn - sxn * sxn
+    a, b = (sxt * snn - sxn * snt) / det, (sxx * snt - sxn * sxt) / det  # t = a·x + b·n
+    errors = [abs(a * x + b * n - t) / t for x, n, t in rows]
+    return {"fraction": 1.0 / a, "launch_us": b * 1e6, "mean_error": sum(errors) / len(errors),
+            "max_error": max(errors)}
+
+
+def curve_notes(profile: dict) -> list[str]:
+    """One line per dtype whose peak the GPU table knows for this device: the matmul curve the GEMMs give, in
+    the table's form (what lmsys.core.hardware's `matmul` and `gemm_launch_us` hold)."""
+    from lmsys.core.hardware import find_gpu
+
+    gpu, notes = find_gpu(profile.get("device")), []
+    for dtype, gemms in (profile.get("gemm_tflops") or {}).items():
+        peak = gpu.peak(dtype) if gpu else None
+        fit = matmul_curve(gemms, peak) if peak else None
+        if fit:
+            notes.append(f"{dtype} GEMM curve ({gpu.name}, the GPU table's form): {fit['fraction']:.3f} of the "
+                         f"{peak:g} TFLOP/s peak + {fit['launch_us']:.2f} µs a GEMM (least squares over "
+                         f"{2 * len(gemms)} GEMM times: mean |error| {100 * fit['mean_error']:.1f} %, max "
+                         f"{100 * fit['max_error']:.1f} %).")
+    return notes
+
+
 def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warmup: int, steps: int, profile):
     """`plan calibrate`: measure, write the profile, one Report of the measured rates."""
     from lmsys.core.devices import environment
@@ -607,7 +649,7 @@ def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warm
     with progress.display("plan calibrate"):
         prof, rows = calibrate(shapes, device=device, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
     save_profile(prof, profile)
-    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`."]
+    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`.", *curve_notes(prof)]
     if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
     else:
