@@ -232,6 +232,7 @@ def test_matmul_curve_fit_recovers_its_terms_and_the_tables_constants():
     fit = matmul_curve(gemms, peak)
     assert fit["fraction"] == pytest.approx(0.7) and fit["launch_us"] == pytest.approx(5.0)
     assert fit["max_error"] < 1e-9 and matmul_curve(gemms[:1], peak) is None
+    assert matmul_curve([gemms[1], gemms[1]], peak) is None  # one size twice: the two terms cannot be told apart
     profile = yaml.safe_load(Path(__file__).parent.parent.joinpath("docs/benchmarks/plan-h200-profile.yaml").read_text())
     fit = matmul_curve(profile["gemm_tflops"]["bf16"], hardware.GPUS["H200 SXM"].bf16)
     assert round(fit["fraction"], 3) == hardware.MATMUL_FIT and round(fit["launch_us"], 2) == hardware.GEMM_LAUNCH_US

@@ -31,7 +31,8 @@ FA2_HOPPER = ("Shah et al., FlashAttention-3 (arXiv 2407.08608), abstract: Flash
 
 # The matmul curve (issue 42): a GEMM of F FLOPs takes F / (peak · matmul) + GEMM_LAUNCH_US. Both numbers are
 # the least-squares fit to the 50 bf16 GEMM timings (25 shapes: forward, and the backward's two GEMMs) that
-# `plan calibrate` measured on an H200 (docs/benchmarks/plan-h200-profile.yaml): 0.770 of the dense peak and
+# `plan calibrate` measured on an H200 (docs/benchmarks/plan-h200-profile.yaml; lmsys.plan.calibrate.matmul_curve,
+# which calibrate prints for the GPU it runs on): 0.770 of the dense peak and
 # 3.15 µs a GEMM (the fit's mean |error| 4.2 %, max 11.5 %). One curve for every part: the generations'
 # best-shape bursts differ (stas00/ml-engineering compute/accelerator/README.md @744d01e, MAMF BF16: A100 SXM
 # 86.9 %, H100 SXM 80.3 %, B200 77.6 % of peak), but scaling the fit by those ratios made every A100 row of

@@ -598,12 +598,13 @@ def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps
                 profile=profile)
 
 
-def matmul_curve(gemms, peak_tflops: float) -> dict:
+def matmul_curve(gemms, peak_tflops: float) -> dict | None:
     """The hardware table's matmul curve fit to calibrated GEMMs: a GEMM of F FLOPs takes F / (peak · fraction)
     + launch. `gemms`: a profile's `gemm_tflops[dtype]` rows [M, K, N, forward TFLOP/s, backward TFLOP/s] (the
     backward is two GEMMs of F each). Least squares on the times (each forward and each backward one
     equation, as lmsys.core.hardware.MATMUL_FIT was fit): {fraction, launch_us, mean_error, max_error} (errors
-    as fractions of each measured time); None with fewer than two rows."""
+    as fractions of each measured time); None with fewer than two rows, or rows that cannot tell the two
+    terms apart (every GEMM of the same FLOPs)."""
     rows = []  # (FLOPs at peak in s, GEMMs, measured s)
     for M, K, N, fwd, bwd in gemms:
         flops = 2.0 * M * K * N
@@ -617,6 +618,8 @@ def matmul_curve(gemms, peak_tflops: float) -> dict:
     sxt = sum(x * t for x, _, t in rows)
     snt = sum(n * t for _, n, t in rows)
     det = sxx * snn - sxn * sxn
+    if det <= 1e-12 * sxx * snn:
+        return None
     a, b = (sxt * snn - sxn * snt) / det, (sxx * snt - sxn * sxt) / det  # t = a·x + b·n
     errors = [abs(a * x + b * n - t) / t for x, n, t in rows]
     return {"fraction": 1.0 / a, "launch_us": b * 1e6, "mean_error": sum(errors) / len(errors),
