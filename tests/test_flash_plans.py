@@ -185,6 +185,22 @@ def test_a_call_the_plan_cannot_replay_takes_the_normal_path(planned):
     assert list(planned._PLANS.values()).count(plans.NORMAL) == 1
 
 
+@pytest.mark.parametrize("lead", [(2, 1), (3,)])
+def test_a_zero_stride_gradient_is_copied_by_the_plan_too(planned, lead):
+    """`.sum().backward()` hands the backward a zero-stride gradient of ones, which the launchers copy before
+    the kernels read it: the plan replays that copy (plans.contiguous), so later calls hit the plan, with
+    gradients right against float64 on fresh inputs each call."""
+    for call in range(3):
+        q, k, v = _qkv(lead, 45, 29, 16, torch.float32)
+        out = flash.FlashAttentionTriton.apply(q, k, v, True)
+        lse = out.grad_fn.saved_tensors[4]
+        out.sum().backward()
+        _check_reference(q, k, v, True, torch.ones(out.shape), (out, lse, q.grad, k.grad, v.grad))
+    assert planned.STATS == {"hits": 4, "misses": 2, "normal": 0}
+    bwd = next(p for k, p in planned._PLANS.items() if k[0][0] == "bwd")
+    assert any(type(step) is plans.Copy for step in bwd.steps)
+
+
 def test_build_refuses_what_it_cannot_name(monkeypatch):
     """A tensor among a launch's arguments that no name points at, or a named argument that is a copy of
     the call's tensor, makes the key NORMAL (a plan would pin the old tensor, or read the input uncopied)."""

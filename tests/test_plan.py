@@ -1111,6 +1111,54 @@ def test_block_elementwise_times_lmsys_block_at_the_models_width(monkeypatch):
     assert row["ms"] == pytest.approx(1.0 - bc.matmul_fwd - bc.matmul_bwd)
 
 
+def test_calibrate_sustain_times_each_gemm_back_to_back(monkeypatch):
+    # --sustain: after the GEMM bursts, the largest GEMM for that long, then about a second of each forward shape
+    # timed as one region: a row per shape [M, K, N, burst, sustained] (largest first) and the rate of them all;
+    # no fraction where the table lacks the part (a CPU); the report's note beside the bursts
+    import torch
+
+    from lmsys.plan import calibrate as cal
+
+    monkeypatch.setattr(cal, "MEASUREMENTS", (cal.measure_compute,))
+    profile, rows = cal.calibrate(load_shape("tiny"), device=torch.device("cpu"), dtypes=["fp32"], batch_size=1,
+                                  warmup=0, steps=1, collectives=False, sustain=0.05)
+    sus = profile["gemm_sustained"]["fp32"]
+    shapes = [tuple(r[:3]) for r in profile["gemm_tflops"]["fp32"]]
+    assert [tuple(r[:3]) for r in sus["rows"]] == sorted(shapes, key=lambda s: -s[0] * s[1] * s[2])
+    assert all(r[3] == dict((tuple(g[:3]), g[3]) for g in profile["gemm_tflops"]["fp32"])[tuple(r[:3])] for r in sus["rows"])
+    assert all(r[4] > 0 for r in sus["rows"]) and sus["heat_s"] == 0.05 and sus["fraction"] is None
+    flops = [2 * r[0] * r[1] * r[2] for r in sus["rows"]]
+    assert min(r[4] for r in sus["rows"]) <= sus["TFLOPs"] <= max(r[4] for r in sus["rows"])
+    assert len([r for r in rows if r["what"] == "sustained matmul"]) == len(flops)
+    (note,) = cal.sustained_notes(profile)
+    assert note.startswith(f"fp32 GEMMs back to back (after 0.05 s of the largest): {sus['TFLOPs']:.4g} TFLOP/s over")
+    # off by default: nothing measured
+    profile, _ = cal.calibrate(load_shape("tiny"), device=torch.device("cpu"), dtypes=["fp32"], batch_size=1,
+                               warmup=0, steps=1, collectives=False)
+    assert "gemm_sustained" not in profile and cal.sustained_notes(profile) == []
+
+
+def test_calibrate_sustain_must_be_seconds(lmsys, tmp_path):
+    r = lmsys("plan", "calibrate", "--sustain", "-1", "--profile", str(tmp_path / "p.yaml"))
+    assert r.code == 2 and r.err.strip() == "error: --sustain must be seconds >= 0 (0: not measured), got -1.0"
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_curve_note_says_when_the_gemms_cannot_give_a_launch_time():
+    # GEMMs all large (the committed H100 --sustain run's: 7B, 13B, 175B widths): the fit's fixed term comes out
+    # below zero (-21.7 µs); the note says the shapes cannot give it instead of printing it
+    from pathlib import Path
+
+    import yaml
+
+    from lmsys.plan.calibrate import curve_notes
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "plan-h100-sustain-profile.yaml"
+    (note,) = curve_notes(yaml.safe_load(path.read_text()))
+    assert note.startswith("bf16 GEMM curve (H100 SXM): 0.701 of the 989.5 TFLOP/s peak; these GEMMs are too alike")
+    assert "(the fit's -21.7 µs is below zero)" in note and "+ -" not in note
+
+
 def test_calibrate_times_with_the_one_timer_module():
     # the CUDA-graph and profiler timers are core.timing's (their GPU paths are tested there with stand-ins);
     # plan calibrate's measurements call them, and kernel_ms stays importable from plan.calibrate

@@ -201,16 +201,20 @@ def test_capacity_is_nvidia_smi_where_read_else_the_datasheet():
 
 
 def test_matmul_curve_by_hand():
-    # a GEMM of F FLOPs: F / (0.770 × peak) + 3.15 µs; the backward's two GEMMs twice both
+    # a GEMM of F FLOPs on an H100 SXM: F / (0.698 × peak) + 3.15 µs (the rate kept at 700 W); the backward's
+    # two GEMMs twice both; an A100 keeps the burst fit's 0.770
     rates = ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16")
     f = 2 * 4096 * 4096 * 4096
-    assert rates.matmul_ms(4096, 4096, 4096) == pytest.approx(f / (0.770 * 989.5e12) * 1e3 + 3.15e-3)
-    assert rates.matmul_ms(4096, 4096, 4096, backward=True) == pytest.approx(2 * f / (0.770 * 989.5e12) * 1e3 + 6.3e-3)
-    # small GEMMs fall below the large ones' rate: 2048×768·768×768 (2.42 GFLOP) reaches 0.39 of peak
+    assert rates.matmul_ms(4096, 4096, 4096) == pytest.approx(f / (0.698 * 989.5e12) * 1e3 + 3.15e-3)
+    assert rates.matmul_ms(4096, 4096, 4096, backward=True) == pytest.approx(2 * f / (0.698 * 989.5e12) * 1e3 + 6.3e-3)
+    a100 = ptime.table_rates(hardware.GPUS["A100 80GB SXM"], "bf16")
+    assert a100.matmul_ms(4096, 4096, 4096) == pytest.approx(f / (0.770 * 312e12) * 1e3 + 3.15e-3)
+    assert hardware.GPUS["H200 SXM"].matmul == 0.679 and hardware.GPUS["H100 NVL"].matmul == 0.698
+    # small GEMMs fall below the large ones' rate: 2048×768·768×768 (2.42 GFLOP) reaches 0.36 of peak
     small = 2 * 2048 * 768 * 768
     achieved = small / (rates.matmul_ms(2048, 768, 768) * 1e-3) / 989.5e12
-    assert achieved == pytest.approx(small / (small / (0.770 * 989.5e12) + 3.15e-6) / 989.5e12)
-    assert 0.37 < achieved < 0.41  # the H200 profile measured 396 TFLOP/s = 0.40 there
+    assert achieved == pytest.approx(small / (small / (0.698 * 989.5e12) + 3.15e-6) / 989.5e12)
+    assert 0.35 < achieved < 0.38
     # a profile's measured shapes hold their own launch time: none added
     prof = ptime.Rates(matmul_tflops=1.0, attention_tflops=1.0, hbm_GBps=1.0, intra_GBps=1.0, inter_GBps=None,
                        latency_us=0.0, source="t", gemm=((4, 8, 16, 2.0, 2.0),), gemm_launch_us=3.15)
@@ -345,3 +349,59 @@ def test_plan_train_stack_production_is_the_default(lmsys):
     assert eager["step ms"] > production["step ms"] and eager["activations GiB"] >= production["activations GiB"]
     r = lmsys("plan", "train", "--size", "small", "--stack", "compiled")
     assert r.code == 2 and "--stack must be one of production, eager" in r.err
+
+
+def test_hopper_sustained_fractions_are_the_committed_measurements():
+    """The GPU table's H100 and H200 matmul fractions are what the committed runs measured: plan calibrate
+    --sustain's fraction on the H100, the mean of the H200 probe's sustained column."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    bench = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+    h100 = yaml.safe_load((bench / "plan-h100-sustain-profile.yaml").read_text())["gemm_sustained"]["bf16"]
+    assert round(h100["fraction"], 3) == hardware.H100_SUSTAINED
+    assert h100["power_limit_W"] == 700 and len(h100["rows"]) == 15
+    rates = [float(x) for x in re.findall(r"sustained (\d+)", (bench / "plan-h200-sustained-matmul.txt").read_text())]
+    assert len(rates) == 15
+    assert round(sum(rates) / len(rates) / 989.5, 3) == hardware.H200_SUSTAINED
+
+
+def test_fsdp2_copies_by_hand():
+    """torch's FSDP2 copies on the compute stream, per block and micro-batch: the gathered parameters out of
+    the all-gather's buffer (read and write, forward and again in the backward) and the gradients into the
+    reduce-scatter's (read bf16, write fp32); a flat FSDP, dp 1 or ZeRO below 3 copies nothing."""
+    from lmsys.plan.memory import PRECISIONS, Layout
+    from lmsys.plan.shape import layer_params
+
+    data = pub.load_published()
+    m = pub.run_shape(data, next(r for r in data["runs"] if r["id"] == "olmo-core-olmo2-13b"))
+    block = layer_params(m)  # 4·5120² + 3·5120·13824 + 2·5120 (no biases, two RMSNorms)
+    assert block == 4 * 5120**2 + 3 * 5120 * 13824 + 2 * 5120
+    prec = PRECISIONS["fsdp"]
+    fwd, bwd = ptime.fsdp2_copy_bytes(m, Layout(dp=8, zero=3, fsdp="fsdp2"), prec)
+    assert fwd == 4 * block and bwd == 4 * block + (2 + 4) * block  # 2 B read + 2 B written; + bf16 in, fp32 out
+    assert ptime.fsdp2_copy_bytes(m, Layout(dp=8, zero=3, fsdp="fsdp2", tp=2), prec) == (2 * block, 5 * block)
+    for lay in (Layout(dp=8, zero=3), Layout(dp=1, zero=3, fsdp="fsdp2"), Layout(dp=8, zero=2, fsdp="fsdp2")):
+        assert ptime.fsdp2_copy_bytes(m, lay, prec) == (0.0, 0.0)
+    # in the step: the block's forward and backward grow by those bytes at the elementwise rate
+    rates = ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16", stack="fused")
+    ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e6
+    flat = ptime.step_time(m, Layout(dp=8, zero=3, micro_batch=1), prec, rates, gpus_per_node=8)
+    fsdp2 = ptime.step_time(m, Layout(dp=8, zero=3, micro_batch=1, fsdp="fsdp2"), prec, rates, gpus_per_node=8)
+    assert fsdp2.parts["fwd block ms"] - flat.parts["fwd block ms"] == pytest.approx(fwd / ew)
+    assert fsdp2.parts["bwd block ms"] - flat.parts["bwd block ms"] == pytest.approx(bwd / ew)
+
+
+def test_published_fsdp_implementation_is_recorded_and_checked(tmp_path):
+    """torchtitan and OLMo-core shard with torch's fully_shard (FSDP2): their runs say so; MosaicML's Composer
+    wraps FSDP1 (flat). Any other value is a one-line error naming it."""
+    from lmsys.plan.memory import check_layout
+
+    data = pub.load_published()
+    impl = {r["id"]: pub.run_layout(r).fsdp for r in data["runs"] if r["mesh"].get("zero") == 3}
+    assert all(v == ("fsdp2" if k.startswith(("titan", "olmo")) else "flat") for k, v in impl.items())
+    m = pub.run_shape(data, data["runs"][0])
+    with pytest.raises(LmsysError, match="FSDP implementation 'fsdp3' is not flat or fsdp2"):
+        check_layout(m, pub.run_layout({**data["runs"][0], "mesh": {"dp": 8, "zero": 3, "fsdp": "fsdp3"}}))

@@ -69,7 +69,7 @@ def test_script_dry_run_names_real_commands(script, tmp_path):
     for args in lmsys_commands:
         parse_lmsys(args)
     for argv in commands:
-        named = [a for a in argv if a.startswith(("tests/", "scripts/")) and not a.endswith("/")]
+        named = [p for a in argv for p in a.split(",") if p.startswith(("tests/", "scripts/")) and not p.endswith("/")]
         for path in named:
             assert (ROOT / path.split("::")[0]).exists(), f"{shlex.join(argv)}: {path} does not exist"
 

@@ -106,14 +106,19 @@ if part host; then
   LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
 fi
 if part host || part hostprof; then
-  # the host time of one warm fwd+bwd at 256 keys, causal and not: what ran, the plans' hits/normal calls, cProfile's top
-  T=90 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, sys, torch' 'from lmsys.kernels import flash, plans' \
+  # the host time of one warm fwd+bwd at 8 x 1 x 256 d 64, causal and not, with a gradient as bench attention
+  # gives it and with .sum().backward()'s zero-stride one: µs per call beside SDPA's, the plans' counters, cProfile's top
+  T=90 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, sys, time, torch; from lmsys.kernels import flash, plans' \
+    'F, A, grad = torch.nn.functional.scaled_dot_product_attention, flash.FlashAttentionTriton.apply, torch.autograd.grad' \
     'for causal in (True, False):' '  q, k, v = (torch.randn(8, 1, 256, 64, device=torch.device(0), dtype=torch.bfloat16, requires_grad=True) for _ in range(3))' \
-    '  call = lambda: flash.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()' \
-    '  [call() for _ in range(20)]; torch.cuda.synchronize(); plans.STATS.update(hits=0, misses=0, normal=0)' \
-    '  p = cProfile.Profile(); p.enable(); [call() for _ in range(200)]; p.disable(); torch.cuda.synchronize()' \
-    '  print(causal, flash.kernels_ran(flash.FlashAttentionTriton.apply(q, k, v, causal)), dict(plans.STATS))' \
-    '  pstats.Stats(p, stream=sys.stdout).sort_stats(pstats.SortKey.TIME).print_stats(12)')" >> "$OUT/host_profile.txt"
+    '  do = torch.randn_like(q); calls = {"flash-triton": lambda: grad(A(q, k, v, causal), (q, k, v), do),' \
+    '    "sdpa": lambda: grad(F(q, k, v, is_causal=causal), (q, k, v), do), "flash-triton .sum()": lambda: A(q, k, v, causal).sum().backward()}' \
+    '  for name, call in calls.items():' \
+    '    [call() for _ in range(20)]; torch.cuda.synchronize(); plans.STATS.update(hits=0, misses=0, normal=0)' \
+    '    t = time.perf_counter(); [call() for _ in range(200)]; us = (time.perf_counter() - t) / 200 * 1e6; torch.cuda.synchronize()' \
+    '    print(f"causal={causal} {name}: {us:.1f} us a call (issue, host-bound), plans {dict(plans.STATS)}")' \
+    '  p = cProfile.Profile(); p.enable(); [calls["flash-triton"]() for _ in range(200)]; p.disable(); torch.cuda.synchronize()' \
+    '  pstats.Stats(p, stream=sys.stdout).sort_stats(pstats.SortKey.TIME).print_stats(14)')" >> "$OUT/host_profile.txt"
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"

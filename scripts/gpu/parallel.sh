@@ -11,13 +11,12 @@
 #               PLAN_BATCH sequences (default 4, bench e2e's default; calibrated at it too); PLAN_MESH=none
 #               leaves the parallel train rows out; PLAN_REPEATS=N runs each row N times between host twins
 #               (default 1; the host-bound rows move by ±15 % from run to run)
-#   reproduce   one GPU: does a host-bound row repeat? REPRO_RUNS (default 6) processes in turn, each a pure-Python
-#               loop's time (the CPU's speed of the moment) and plan validate of medium, large and xl bf16 at
-#               checkpoint none with --repeats 3, against the committed H200 profile (issue 30: a time that moves
-#               by more than ±10 % between runs of one command cannot be predicted to 10 %)
-#   breakdown   one GPU: plan breakdown over BREAKDOWN_SIZES (default xl,2.7b), bf16 and fp32: each step's kernels
-#               by kind and its host issue time beside the time model's parts (with the plan part's profile
-#               when it ran first, else calibrating its sizes itself)
+#   sustain     one GPU: plan calibrate --sustain SUSTAIN (default 10 s) at published runs' GEMM shapes (Llama 2 7B,
+#               13B at 4,096 tokens, GPT-3 175B; bf16, batch SUSTAIN_BATCH=2): rates kept back to back (issue 42)
+#   reproduce   one GPU: does a host-bound row repeat? REPRO_RUNS (default 6) times a pure-Python loop (the CPU's
+#               speed) and plan validate of medium, large, xl bf16 --repeats 3 on the committed H200 profile (issue 30)
+#   breakdown   one GPU: plan breakdown over BREAKDOWN_SIZES (default xl,2.7b), bf16 and fp32 (with the plan
+#               part's profile when it ran first, else calibrating its sizes itself)
 #   w2          2 GPUs: tp=2, tp=2 + SP, pp=2 gpipe and 1f1b (8 microbatches), lmsys beside torch (issue 31)
 #   w4          4 GPUs: dp=2,tp=2 (bucketed, fsdp), pp=2,tp=2, pp=4 interleaved-1f1b (issue 31)
 #   sendrecv    comm send-recv 1 KB..1 GB on every GPU present, with the bare loop (issue 31)
@@ -57,6 +56,9 @@ if part plan; then
     T=$((300 * ${PLAN_REPEATS:-1})) run plan.md plan validate --profile "$OUT/gpu.yaml" --size "$SIZES" --batch-size "$B" \
       ${PLAN_MESH:+--mesh "$PLAN_MESH"} --repeats "${PLAN_REPEATS:-1}" --warmup 2 --steps 10
   done
+fi
+if part sustain; then
+  T=240 X python3 -m lmsys plan calibrate --size scripts/gpu/llama2-7b.yaml,scripts/gpu/llama2-13b.yaml,gpt-175b --dtype bf16 --batch-size "${SUSTAIN_BATCH:-2}" --sustain "${SUSTAIN:-10}" --profile "$OUT/sustain.yaml" -f md >> "$OUT/sustain.md"
 fi
 if part reproduce; then
   LOOP='import time, statistics as s

@@ -26,7 +26,7 @@ def train(
     context_length: Annotated[Optional[int], opt("context_length", "Sequence length, one value (default: the model's).")] = None,
     dtype: Annotated[str, opt("dtype", "fp32 | bf16 | fp16 (one per plan).")] = "bf16",
     master_weights: Annotated[bool, opt("master_weights_toggle", "bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
-    mesh: Annotated[Optional[str], opt("mesh", "Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op).")] = None,
+    mesh: Annotated[Optional[str], opt("mesh", "Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op, fsdp=flat|fsdp2: ZeRO-3 as a flat buffer or as torch's fully_shard).")] = None,
     top: Annotated[int, opt("top", "Show the K fastest layouts that fit.")] = 10,
     plot: Annotated[Optional[Path], opt("plot", "Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], opt("profile", "A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies; for a device the GPU table lacks (a CPU), its memory and measured matmul rate (the MFU peak) stand in for --gpu.")] = None,
@@ -56,6 +56,7 @@ def calibrate(
     steps: Annotated[int, opt("steps", "Timed calls (the median is kept).")] = 5,
     profile: Annotated[Path, opt("profile", "Write the profile here (.yaml or .json).")] = Path("lmsys-profile.yaml"),
     device: Annotated[str, opt("device", "auto | cuda | cpu.")] = "auto",
+    sustain: Annotated[float, typer.Option("--sustain", help="Also the rate the GEMMs keep back to back: this many seconds of the largest first (the clock settles at the power limit), then about a second of each; 0: not measured.")] = 0.0,
     quiet: QuietOpt = False,
     format: FormatOpt = None,
     output: OutputOpt = None,
@@ -65,7 +66,7 @@ def calibrate(
 
     check_render_options(format, output, device=device, quiet=quiet)
     resolved = cal.resolve(size=size, dtype=dtype, batch_size=batch_size, warmup=warmup, steps=steps, profile=profile,
-                           device=device)
+                           device=device, sustain=sustain)
     emit(cal.calibrate_report(**resolved), format, output)
 
 

@@ -186,8 +186,9 @@ def _check_inputs(q, k, v) -> None:
     _check_shared_memory(d, q.dtype, q.device)
 
 
-def _as_4d(x: torch.Tensor) -> torch.Tensor:
-    """[..., h, n, d] -> [Z, h, n, d] with unit stride along d: a view when the strides allow it."""
+def _as_4d(x: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """[..., h, n, d] -> [Z, h, n, d] with unit stride along d: a view when the strides allow it, else a
+    copy (through plans.contiguous for the call's tensor `name`, which a launch plan replays)."""
     if x.dim() == 2:
         x = x[None, None]
     elif x.dim() == 3:
@@ -195,7 +196,7 @@ def _as_4d(x: torch.Tensor) -> torch.Tensor:
     elif x.dim() > 4:
         x = x.reshape(-1, *x.shape[-3:])
     if x.stride(-1) != 1:
-        x = x.contiguous()
+        x = plans.contiguous(name, x) if name else x.contiguous()
     return x
 
 
@@ -401,12 +402,13 @@ def _backward(q, k, v, o, lse, do, is_causal: bool, policy: Policy, rec: plans.R
     if not ft.INTERPRET:
         _first_call()
         precompile.wait_all()  # a background compile of these kernels, if any, is finished first
-    q4, k4, v4, o4, do4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o), _as_4d(do)
+    q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(o)
     Z, H, n_q, _ = q4.shape
     lse3 = lse.reshape(Z, H, n_q)
     if lse3.stride() != (H * n_q, n_q, 1):
         lse3 = lse3.contiguous()
     with plans.recording(rec):
+        do4 = _as_4d(do, "do")  # `.sum().backward()`'s zero-stride gradient: a copy the plan replays
         dq4, dk4, dv4, ran = _dispatch("bwd", policy, is_causal, q4, k4, v4, o4=o4, lse3=lse3, do4=do4)
     return dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape), ran
 

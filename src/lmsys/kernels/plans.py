@@ -20,7 +20,7 @@ view the Gluon kernel copies), an output that is not one `alloc` made (the atomi
 interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
 with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: `bench attention`'s `host µs` under either).
 
-The rule for launchers: a plan replays only `alloc` and `launch`. Work on tensors done any other way on a
+The rule for launchers: a plan replays only `alloc`, `launch` and `contiguous` (a copy of an input). Work on tensors done any other way on a
 path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
 or make sure it leaves the call's tensors other than the inputs (a copy fails the address check above).
 """
@@ -91,6 +91,16 @@ def launch(fn, grid, args: tuple, kwargs: dict, names: tuple):
     return kernel
 
 
+def contiguous(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x.contiguous() of the call's tensor `name` (x: a view of it), for a plan being recorded: the plan
+    replays the copy and launches on it (a zero-stride gradient, as `.sum().backward()` hands the backward)."""
+    y = x.contiguous()
+    rec = _RECORD.get()
+    if rec is not None and y is not x:
+        rec.steps.append(("copy", name, y))
+    return y
+
+
 def key(head: tuple, tensors) -> tuple:
     """A plan's key: `head` (direction, causal, policy), Triton's knobs that enter its own kernel key, and
     each tensor's shape, strides, dtype, device and 16-byte alignment (one flat tuple: this runs on every
@@ -158,6 +168,19 @@ def _rebase(desc, base):
         return dataclasses.replace(desc, base=base)
 
 
+class Copy:
+    """A recorded `contiguous`: the call's tensor `name`, viewed as `shape`, replaced by a contiguous copy."""
+
+    __slots__ = ("name", "shape")
+    direct = False
+
+    def __init__(self, name: str, shape: tuple):
+        self.name, self.shape = name, shape
+
+    def apply(self, env: dict) -> None:
+        env[self.name] = env[self.name].reshape(self.shape).contiguous()
+
+
 class Step:
     """One recorded launch: the compiled kernel and its launcher, the grid, the arguments with the tensors'
     places left to fill (`slots`: (index, name, descriptor template or None))."""
@@ -208,7 +231,15 @@ class Plan:
             return NORMAL  # empty tensors share address 0: their names could not be told apart
         direct = not INTERPRET
         steps = []
-        for fn, kernel, grid, args, kwargs, names in rec.steps:
+        for recorded in rec.steps:
+            if recorded[0] == "copy":  # later launches read the copy
+                _tag, name, t = recorded
+                if name not in env:
+                    return NORMAL
+                env[name] = t
+                steps.append(Copy(name, tuple(t.shape)))
+                continue
+            fn, kernel, grid, args, kwargs, names = recorded
             if hasattr(kernel, "result"):  # a compile future (triton 3.6's async compile)
                 kernel = kernel.result()
             if direct and not _compiled(kernel):
@@ -238,7 +269,8 @@ class Plan:
             outputs.append((name, None if t.shape == env[name].shape else tuple(t.shape)))
         allocs = [(name, shape, dtype, device, zero) for name, (_t, shape, dtype, device, zero) in rec.allocs.items()]
         device = next(iter(inputs.values())).device
-        scratch = direct and any(getattr(s.kernel.metadata, "global_scratch_size", 0) > 0 for s in steps)
+        scratch = direct and any(getattr(s.kernel.metadata, "global_scratch_size", 0) > 0
+                                 for s in steps if type(s) is Step)
         return Plan(steps, allocs, outputs, dict(ran), device.index if device.type == "cuda" else None, scratch)
 
     def run(self, inputs: dict) -> list | None:
@@ -253,6 +285,9 @@ class Plan:
             stream = _driver.active.get_current_stream(self.device_index)
             enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
         for step in self.steps:
+            if type(step) is Copy:
+                step.apply(env)
+                continue
             args = step.args(env)
             if step.direct:  # as JITFunction.run launches a kernel it found in its cache
                 g0, g1, g2 = step.grid

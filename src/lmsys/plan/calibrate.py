@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmsys.core.errors import LmsysError
 from lmsys.core.flops import attention_flops
 from lmsys.core.parsing import MiB
 from lmsys.core import progress
@@ -55,12 +56,13 @@ class Calibration:
 
 
 def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int, steps: int,
-              collectives: bool | None = None) -> tuple[dict, list[dict]]:
+              collectives: bool | None = None, sustain: float = 0.0) -> tuple[dict, list[dict]]:
     """(profile, rows): the rates the time model uses, and one row per measurement, from `MEASUREMENTS` in
     order. `models`: one ModelShape or several; each one's matmul and attention shapes are timed, and the
     first one's width sizes the host twin and the elementwise multiply. `collectives`: also the all-reduce
     busbw and latency (None: on a CPU, and on a GPU where 2 or more are visible); the profile has "busbw"
-    and "latency_us" when measured."""
+    and "latency_us" when measured. `sustain` > 0: also the GEMMs' sustained rate after that many seconds of
+    the largest (`measure_sustained`)."""
     import torch
 
     from lmsys.core.devices import device_name
@@ -75,9 +77,11 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
         c.profile["memory_GB"] = memory_GB
     shapes = sum(len(_matmul_shapes(m, tokens=batch_size * m.seq)) for m in models)
     naive = sum(m.attention != "flash" for m in models)
-    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3)
+    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3 + (shapes if sustain > 0 else 0))
     for measure in MEASUREMENTS:
         measure(c)
+    if sustain > 0:
+        measure_sustained(c, sustain)
     return c.profile, c.rows
 
 
@@ -579,7 +583,89 @@ def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float 
     return out, latency_us, rows
 
 
-def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps: int, profile, device: str) -> dict:
+def gpu_state() -> dict:
+    """The SM clock, power draw and limit and temperature nvidia-smi reports now ({} without nvidia-smi)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return {}
+    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu",
+                          "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True).stdout
+    try:
+        sm, power, limit, temp = (float(x) for x in out.strip().splitlines()[0].split(","))
+    except (ValueError, IndexError):
+        return {}
+    return {"sm_MHz": sm, "power_W": power, "power_limit_W": limit, "temp_C": temp}
+
+
+def measure_sustained(c: Calibration, seconds: float) -> None:
+    """The rate the models' GEMMs keep when a training run issues them back to back (`gemm_sustained`): per
+    16-bit dtype (fp32 where none is calibrated), `seconds` of the largest GEMM first (the clock settles at
+    the power limit: on an H200 within a few seconds), then each forward GEMM shape for about a second of
+    calls, timed as one region. Rows [M, K, N, burst TFLOP/s (calibrate's), sustained TFLOP/s]; `fraction`:
+    all their FLOPs over all their time, over the dense peak the GPU table gives (None: a part it lacks);
+    the SM clock, power and temperature after it (nvidia-smi, where there is one)."""
+    import time
+
+    import torch
+
+    from lmsys.core.devices import torch_dtype
+    from lmsys.core.hardware import find_gpu
+    from lmsys.core.timing import RegionTimer, synchronize
+
+    gpu = find_gpu(c.profile.get("device"))
+    out = c.profile.setdefault("gemm_sustained", {})
+    for dtype in [d for d in c.dtypes if d in ("bf16", "fp16")] or c.dtypes[:1]:
+        dt = torch_dtype(dtype)
+        burst = {(M, K, N): fwd for M, K, N, fwd, _ in c.profile["gemm_tflops"][dtype]}
+        shapes = sorted(burst, key=lambda mkn: -mkn[0] * mkn[1] * mkn[2])
+        rows, flops_total, s_total = [], 0.0, 0.0
+        for i, (M, K, N) in enumerate(shapes):
+            progress.start_row(f"sustained matmul {M}×{K}·{K}×{N} {dtype}")
+            a = torch.randn(M, K, device=c.device, dtype=dt)
+            b = torch.randn(K, N, device=c.device, dtype=dt)
+            flops = 2.0 * M * K * N
+            calls = max(1, int(1.0 / (flops / (burst[M, K, N] * 1e12))))  # about a second of calls
+            if i == 0:  # heat: the largest GEMM for `seconds`
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    for _ in range(calls):
+                        torch.mm(a, b)
+                    synchronize(c.device)
+            timer = RegionTimer(c.device)
+            with timer.region("window"):
+                for _ in range(calls):
+                    torch.mm(a, b)
+            ms = timer.samples("window")[0]
+            rows.append([M, K, N, burst[M, K, N], flops * calls / ms / 1e9])
+            flops_total, s_total = flops_total + flops * calls, s_total + ms / 1e3
+            c.rows.append({"what": "sustained matmul", "dtype": dtype, "shape": f"{M}×{K}·{K}×{N}",
+                           "ms": ms / calls, "TFLOP/s": rows[-1][4]})
+            del a, b
+        peak = gpu.peak(dtype) if gpu else None
+        rate = flops_total / s_total / 1e12
+        out[dtype] = {"rows": rows, "heat_s": seconds, "TFLOPs": rate,
+                      "fraction": rate / peak if peak else None, **gpu_state()}
+
+
+def sustained_notes(profile: dict) -> list[str]:
+    """One line per dtype `measure_sustained` ran: the sustained rate beside the bursts, in the GPU table's
+    form (the fraction of the dense peak)."""
+    notes = []
+    for dtype, sus in (profile.get("gemm_sustained") or {}).items():
+        bursts = [r[3] for r in sus["rows"]]
+        state = (f"; after it SM {sus['sm_MHz']:g} MHz, {sus['power_W']:g} W of {sus['power_limit_W']:g} W, "
+                 f"{sus['temp_C']:g} °C" if "sm_MHz" in sus else "")
+        frac = f" = {sus['fraction']:.3f} of the dense peak" if sus.get("fraction") else ""
+        notes.append(f"{dtype} GEMMs back to back (after {sus['heat_s']:g} s of the largest): {sus['TFLOPs']:.4g} "
+                     f"TFLOP/s over {len(bursts)} shapes{frac}, against bursts of {min(bursts):.4g}–{max(bursts):.4g}"
+                     f"{state}.")
+    return notes
+
+
+def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps: int, profile, device: str,
+            sustain: float = 0.0) -> dict:
     """`plan calibrate`'s options checked (the torch-free ones first), as `calibrate_report`'s arguments."""
     from lmsys.core.devices import check_dtype_for_device, resolve_device
     from lmsys.core.files import check_output_path
@@ -588,6 +674,8 @@ def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps
 
     check_output_path(profile, what="--profile")
     check_counts(batch_size=(batch_size, 1), warmup=(warmup, 0), steps=(steps, 1))
+    if not sustain >= 0:
+        raise LmsysError(f"--sustain must be seconds >= 0 (0: not measured), got {sustain}")
     dtypes = check_dtypes(dtype) if dtype else None
     shapes = [load_shape(name) for name in dict.fromkeys(parse_list(size, str, what="--size"))]
     dev = resolve_device(device)
@@ -595,7 +683,7 @@ def resolve(*, size: str, dtype: str | None, batch_size: int, warmup: int, steps
     for d in dtypes:
         check_dtype_for_device(d, dev)
     return dict(shapes=shapes, device=dev, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps,
-                profile=profile)
+                profile=profile, sustain=sustain)
 
 
 def matmul_curve(gemms, peak_tflops: float) -> dict | None:
@@ -635,7 +723,11 @@ def curve_notes(profile: dict) -> list[str]:
     for dtype, gemms in (profile.get("gemm_tflops") or {}).items():
         peak = gpu.peak(dtype) if gpu else None
         fit = matmul_curve(gemms, peak) if peak else None
-        if fit:
+        if fit and fit["launch_us"] < 0:  # every GEMM large: the fixed term is below the fit's noise
+            notes.append(f"{dtype} GEMM curve ({gpu.name}): {fit['fraction']:.3f} of the {peak:g} TFLOP/s peak; these "
+                         f"GEMMs are too alike in size to give the per-GEMM time (the fit's {fit['launch_us']:.1f} µs "
+                         "is below zero): calibrate smaller models beside them for it.")
+        elif fit:
             notes.append(f"{dtype} GEMM curve ({gpu.name}, the GPU table's form): {fit['fraction']:.3f} of the "
                          f"{peak:g} TFLOP/s peak + {fit['launch_us']:.2f} µs a GEMM (least squares over "
                          f"{2 * len(gemms)} GEMM times: mean |error| {100 * fit['mean_error']:.1f} %, max "
@@ -643,16 +735,18 @@ def curve_notes(profile: dict) -> list[str]:
     return notes
 
 
-def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warmup: int, steps: int, profile):
+def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warmup: int, steps: int, profile,
+                     sustain: float = 0.0):
     """`plan calibrate`: measure, write the profile, one Report of the measured rates."""
     from lmsys.core.devices import environment
     from lmsys.core.results import Report
     from lmsys.plan.profile import save_profile
 
     with progress.display("plan calibrate"):
-        prof, rows = calibrate(shapes, device=device, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps)
+        prof, rows = calibrate(shapes, device=device, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps,
+                               sustain=sustain)
     save_profile(prof, profile)
-    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`.", *curve_notes(prof)]
+    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`.", *curve_notes(prof), *sustained_notes(prof)]
     if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
     else:

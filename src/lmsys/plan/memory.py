@@ -90,6 +90,9 @@ class Layout:
     micro_batch: int = 1
     microbatches: int = 1
     checkpoint: str = "none"
+    # ZeRO-3's implementation: "flat" gathers into one buffer the parameters are views of (torch FSDP1,
+    # DeepSpeed, lmsys); "fsdp2" (torch fully_shard) gathers per parameter and copies on the compute stream
+    fsdp: str = "flat"
 
     @property
     def gpus(self) -> int:
@@ -118,6 +121,8 @@ def check_layout(m: ModelShape, lay: Layout) -> None:
         bad.append("sequence parallelism needs tp > 1")
     if lay.zero not in (0, 1, 2, 3):
         bad.append(f"ZeRO stage {lay.zero} is not 0, 1, 2 or 3")
+    if lay.fsdp not in ("flat", "fsdp2"):
+        bad.append(f"FSDP implementation {lay.fsdp!r} is not flat or fsdp2")
     # pp = 1: 'none' runs each micro-batch's forward and backward in turn (gradient accumulation, 1F1B's
     # order on one stage); 'gpipe' runs every forward before the first backward (parallel train's gpipe)
     if lay.schedule not in SCHEDULES or (lay.pp > 1 and lay.schedule == "none") or \

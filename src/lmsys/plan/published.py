@@ -112,7 +112,8 @@ def run_layout(run: dict):
                          f"micro-batch {run['micro_batch']} × a whole number of micro-batches")
     return Layout(dp=dp, tp=tp, pp=pp, zero=mesh.get("zero", 0), sp=mesh.get("sp", False),
                   schedule=mesh.get("schedule", "none" if pp == 1 else "1f1b"), chunks=mesh.get("chunks", 1),
-                  micro_batch=run["micro_batch"], microbatches=int(per_replica), checkpoint=run["recompute"])
+                  micro_batch=run["micro_batch"], microbatches=int(per_replica), checkpoint=run["recompute"],
+                  fsdp=mesh.get("fsdp", "flat"))
 
 
 def run_precision(run: dict):
@@ -186,7 +187,7 @@ def validate_published(path: str | Path | None = None) -> tuple[list[dict], dict
 def published_report(path: str | Path | None = None) -> tuple[list[dict], dict, list[str]]:
     """`plan validate --published`: (rows, meta, notes) for the renderer. A run predicted not to fit is a
     row (fits: False) and a note saying what overflows."""
-    from lmsys.core.hardware import GEMM_LAUNCH_US, MATMUL_FIT
+    from lmsys.core.hardware import GEMM_LAUNCH_US, H100_SUSTAINED, H200_SUSTAINED, MATMUL_FIT
     from lmsys.plan.time import EAGER_ELEMENTWISE, NCCL_SMS, Efficiency
 
     rows, summary = validate_published(path)
@@ -195,8 +196,10 @@ def published_report(path: str | Path | None = None) -> tuple[list[dict], dict, 
     meta = {"runs": f"{summary['runs']} runs from {summary['sources']} sources ({path or 'the shipped set, lmsys/plan/published_runs.yaml'})",
             "assumptions": (f"one set for every run: the GPU table's bf16 peaks, links, flash-attention fraction "
                             f"(H100/H200 0.35, A100 0.5) and memory as nvidia-smi reads it (a run's stated hardware "
-                            f"figures replace the table's); every GEMM at {MATMUL_FIT} of the peak plus "
-                            f"{GEMM_LAUNCH_US:g} µs (fit to plan calibrate's H200 GEMMs), elementwise work at "
+                            f"figures replace the table's); every GEMM at the rate its GPU keeps at its power limit "
+                            f"(H100 {H100_SUSTAINED}, H200 {H200_SUSTAINED} of the peak: plan calibrate --sustain; "
+                            f"A100 and B200 {MATMUL_FIT}: calibrate's H200 bursts) plus {GEMM_LAUNCH_US:g} µs, "
+                            f"FSDP2's copies on the compute stream (torch fully_shard runs), elementwise work at "
                             f"{eff.hbm} of HBM (fused stack) or {EAGER_ELEMENTWISE:.2f} (eager, measured on an H200), "
                             f"links {eff.link} with NCCL's ring latency per step; FSDP gathers and reduce-scatters "
                             f"overlap block by block, the first and last exposed, taking {NCCL_SMS} SMs from compute "

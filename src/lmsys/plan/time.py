@@ -376,6 +376,23 @@ def block_cost(m: ModelShape, *, b: int, t: int, sp: bool, prec: Precision, rate
                      cast_bytes=cast_fwd + cast_bwd)
 
 
+def fsdp2_copy_bytes(m: ModelShape, lay: Layout, prec: Precision) -> tuple[float, float]:
+    """Bytes torch's FSDP2 (fully_shard) copies on the compute stream per block and micro-batch, forward
+    and backward: it all-gathers a block's parameters into one buffer and copies them out into each
+    parameter (foreach_all_gather_copy_out: read and write, in the forward and again in the backward, which
+    gathers anew), and copies the gradients into the reduce-scatter's buffer in the reduce dtype
+    (foreach_reduce_scatter_copy_in: read in the gathered dtype, write in the gradient's), both on the
+    current stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, 2.4 onwards). A flat FSDP
+    (FSDP1, DeepSpeed, lmsys) gathers into the buffer its parameters are views of: none."""
+    from lmsys.plan.shape import layer_params
+
+    if lay.zero < 3 or lay.dp == 1 or lay.fsdp != "fsdp2":
+        return 0.0, 0.0
+    block = layer_params(m) / lay.tp
+    copy_out = 2 * prec.gathered * block
+    return copy_out, copy_out + (prec.gathered + prec.grad) * block
+
+
 def op_recompute_ms(m: ModelShape, *, tokens: int, tp: int, rates: Rates) -> float:
     """ms of the matmuls selective op checkpointing runs again in a block's backward: the 2nd, 4th, ...
     of `op_matmuls` (column-parallel ones split N by tp, row-parallel ones K)."""
@@ -397,8 +414,9 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
 
     # one block, one micro-batch, one GPU
     bc = block_cost(m, b=b, t=t, sp=lay.sp, prec=prec, rates=rates)
-    fwd = bc.matmul_fwd + bc.bytes_fwd / ew
-    bwd = bc.matmul_bwd + bc.bytes_bwd / ew
+    copy_fwd, copy_bwd = fsdp2_copy_bytes(m, lay, prec)
+    fwd = bc.matmul_fwd + (bc.bytes_fwd + copy_fwd) / ew
+    bwd = bc.matmul_bwd + (bc.bytes_bwd + copy_bwd) / ew
     # what the backward runs again, once per block per micro-batch (the head never): the attention core's
     # forward (selective), the whole block's forward, 1x its FLOPs and bytes (full), or every other
     # matmul's forward and the elementwise forward outside attention (op: torchtitan's selective op)
