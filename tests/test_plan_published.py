@@ -405,3 +405,18 @@ def test_published_fsdp_implementation_is_recorded_and_checked(tmp_path):
     m = pub.run_shape(data, data["runs"][0])
     with pytest.raises(LmsysError, match="FSDP implementation 'fsdp3' is not flat or fsdp2"):
         check_layout(m, pub.run_layout({**data["runs"][0], "mesh": {"dp": 8, "zero": 3, "fsdp": "fsdp3"}}))
+
+
+def test_mesh_takes_the_fsdp_implementation(lmsys):
+    """plan train --mesh ...,fsdp=fsdp2 plans torch's fully_shard (its copies in the step); flat is the
+    default; another value is a one-line error, exit 2."""
+    from lmsys.plan.search import parse_mesh
+
+    assert parse_mesh("dp=8,zero=3,fsdp=fsdp2") == {"dp": 8, "zero": 3, "fsdp": "fsdp2"}
+    args = ("plan", "train", "--size", "2.7b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+            "--format", "json")
+    flat, fsdp2 = (json.loads(lmsys(*args, "--mesh", f"dp=8,zero=3,mb=4,checkpoint=none{extra}").out)["rows"][0]
+                   for extra in ("", ",fsdp=fsdp2"))
+    assert fsdp2["step ms"] > flat["step ms"]
+    r = lmsys(*args, "--mesh", "dp=8,zero=3,fsdp=fsdp3")
+    assert r.code == 2 and r.err.strip() == "error: --mesh: fsdp=fsdp3 is not one of flat, fsdp2"
