@@ -385,13 +385,20 @@ def test_fsdp2_copies_by_hand():
     assert ptime.fsdp2_copy_bytes(m, Layout(dp=8, zero=3, fsdp="fsdp2", tp=2), prec) == (2 * block, 5 * block)
     for lay in (Layout(dp=8, zero=3), Layout(dp=1, zero=3, fsdp="fsdp2"), Layout(dp=8, zero=2, fsdp="fsdp2")):
         assert ptime.fsdp2_copy_bytes(m, lay, prec) == (0.0, 0.0)
-    # in the step: the block's forward and backward grow by those bytes at the elementwise rate
-    rates = ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16", stack="fused")
-    ew = (rates.elementwise_GBps or rates.hbm_GBps) * 1e6
-    flat = ptime.step_time(m, Layout(dp=8, zero=3, micro_batch=1), prec, rates, gpus_per_node=8)
-    fsdp2 = ptime.step_time(m, Layout(dp=8, zero=3, micro_batch=1, fsdp="fsdp2"), prec, rates, gpus_per_node=8)
-    assert fsdp2.parts["fwd block ms"] - flat.parts["fwd block ms"] == pytest.approx(fwd / ew)
-    assert fsdp2.parts["bwd block ms"] - flat.parts["bwd block ms"] == pytest.approx(bwd / ew)
+    # under a pipeline: gathered and reduced once a step, so per micro-batch 1/microbatches of it
+    assert ptime.fsdp2_copy_bytes(m, Layout(dp=2, pp=4, zero=3, fsdp="fsdp2", microbatches=8), prec) == \
+        (fwd / 8, bwd / 8)
+    # in the step: the block's forward and backward grow by those bytes at the streaming (HBM) rate, on the
+    # eager stack too; a full recompute runs the forward again without gathering again
+    rates = ptime.table_rates(hardware.GPUS["H100 SXM"], "bf16", stack="eager")
+    hbm = rates.hbm_GBps * 1e6
+    assert hbm == pytest.approx(0.8 * 3350e6) and rates.elementwise_GBps < rates.hbm_GBps
+    for ckpt in ("none", "full"):
+        flat = ptime.step_time(m, Layout(dp=8, zero=3, checkpoint=ckpt), prec, rates, gpus_per_node=8)
+        fsdp2 = ptime.step_time(m, Layout(dp=8, zero=3, checkpoint=ckpt, fsdp="fsdp2"), prec, rates, gpus_per_node=8)
+        assert fsdp2.parts["fwd block ms"] - flat.parts["fwd block ms"] == pytest.approx(fwd / hbm)
+        assert fsdp2.parts["bwd block ms"] - flat.parts["bwd block ms"] == pytest.approx(bwd / hbm)
+        assert fsdp2.recompute == pytest.approx(flat.recompute)
 
 
 def test_published_fsdp_implementation_is_recorded_and_checked(tmp_path):
@@ -401,10 +408,12 @@ def test_published_fsdp_implementation_is_recorded_and_checked(tmp_path):
 
     data = pub.load_published()
     impl = {r["id"]: pub.run_layout(r).fsdp for r in data["runs"] if r["mesh"].get("zero") == 3}
-    assert all(v == ("fsdp2" if k.startswith(("titan", "olmo")) else "flat") for k, v in impl.items())
+    assert all(v == ("fsdp2" if k.startswith(("titan", "olmo")) else "flat-param") for k, v in impl.items())
     m = pub.run_shape(data, data["runs"][0])
-    with pytest.raises(LmsysError, match="FSDP implementation 'fsdp3' is not flat or fsdp2"):
+    with pytest.raises(LmsysError, match="FSDP implementation 'fsdp3' is not one of flat-param, fsdp2"):
         check_layout(m, pub.run_layout({**data["runs"][0], "mesh": {"dp": 8, "zero": 3, "fsdp": "fsdp3"}}))
+    with pytest.raises(LmsysError, match="fsdp=fsdp2 shards the weights: it needs zero=3, not 2"):
+        check_layout(m, pub.run_layout({**data["runs"][0], "mesh": {"dp": 8, "zero": 2, "fsdp": "fsdp2"}}))
 
 
 def test_mesh_takes_the_fsdp_implementation(lmsys):
@@ -419,4 +428,4 @@ def test_mesh_takes_the_fsdp_implementation(lmsys):
                    for extra in ("", ",fsdp=fsdp2"))
     assert fsdp2["step ms"] > flat["step ms"]
     r = lmsys(*args, "--mesh", "dp=8,zero=3,fsdp=fsdp3")
-    assert r.code == 2 and r.err.strip() == "error: --mesh: fsdp=fsdp3 is not one of flat, fsdp2"
+    assert r.code == 2 and r.err.strip() == "error: --mesh: fsdp=fsdp3 is not one of flat-param, fsdp2"

@@ -26,7 +26,7 @@ def train(
     context_length: Annotated[Optional[int], opt("context_length", "Sequence length, one value (default: the model's).")] = None,
     dtype: Annotated[str, opt("dtype", "fp32 | bf16 | fp16 (one per plan).")] = "bf16",
     master_weights: Annotated[bool, opt("master_weights_toggle", "bf16/fp16: 16-bit weights with fp32 master copy and gradients (18 B/parameter, Megatron-LM); off: fp32 weights under autocast (lmsys bench e2e's default).")] = True,
-    mesh: Annotated[Optional[str], opt("mesh", "Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op, fsdp=flat|fsdp2: ZeRO-3 as a flat buffer or as torch's fully_shard).")] = None,
+    mesh: Annotated[Optional[str], opt("mesh", "Evaluate one mesh: dp=..,tp=..,pp=.. (and optionally zero=0..3, sp=on|off, schedule=1f1b|interleaved, chunks=, mb=, checkpoint=none|selective|full|op, fsdp=flat-param|fsdp2: ZeRO-3 as a flat buffer or as torch's fully_shard).")] = None,
     top: Annotated[int, opt("top", "Show the K fastest layouts that fit.")] = 10,
     plot: Annotated[Optional[Path], opt("plot", "Also draw the shown layouts' memory and time breakdowns into this PNG (matplotlib).")] = None,
     profile: Annotated[Optional[Path], opt("profile", "A calibration profile from `lmsys plan calibrate`: its measured rates replace the table's peaks × efficiencies; for a device the GPU table lacks (a CPU), its memory and measured matmul rate (the MFU peak) stand in for --gpu.")] = None,

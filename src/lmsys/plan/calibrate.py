@@ -77,7 +77,9 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
         c.profile["memory_GB"] = memory_GB
     shapes = sum(len(_matmul_shapes(m, tokens=batch_size * m.seq)) for m in models)
     naive = sum(m.attention != "flash" for m in models)
-    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3 + (shapes if sustain > 0 else 0))
+    sustained = len(sustain_dtypes(dtypes)) * len({mkn for m in models
+                                                    for mkn in _matmul_shapes(m, tokens=batch_size * m.seq)})
+    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3 + (sustained if sustain > 0 else 0))
     for measure in MEASUREMENTS:
         measure(c)
     if sustain > 0:
@@ -583,20 +585,33 @@ def _busbw(device, dtype: str, *, warmup: int, steps: int) -> tuple[dict, float 
     return out, latency_us, rows
 
 
-def gpu_state() -> dict:
-    """The SM clock, power draw and limit and temperature nvidia-smi reports now ({} without nvidia-smi)."""
+def gpu_state(device) -> dict:
+    """The SM clock, power draw and limit and temperature nvidia-smi reports now for `device` (picked by its
+    PCI address, whatever CUDA_VISIBLE_DEVICES numbers it); {} for a CPU or without nvidia-smi."""
     import shutil
     import subprocess
 
-    if not shutil.which("nvidia-smi"):
+    import torch
+
+    if torch.device(device).type != "cuda" or not shutil.which("nvidia-smi"):
+        return {}
+    props = torch.cuda.get_device_properties(torch.device(device))
+    try:
+        bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    except AttributeError:
         return {}
     out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu",
-                          "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True).stdout
+                          "--format=csv,noheader,nounits", "-i", bus], capture_output=True, text=True).stdout
     try:
         sm, power, limit, temp = (float(x) for x in out.strip().splitlines()[0].split(","))
     except (ValueError, IndexError):
         return {}
     return {"sm_MHz": sm, "power_W": power, "power_limit_W": limit, "temp_C": temp}
+
+
+def sustain_dtypes(dtypes: list[str]) -> list[str]:
+    """The dtypes `measure_sustained` runs: the 16-bit ones calibrated, else the first."""
+    return [d for d in dtypes if d in ("bf16", "fp16")] or dtypes[:1]
 
 
 def measure_sustained(c: Calibration, seconds: float) -> None:
@@ -616,7 +631,7 @@ def measure_sustained(c: Calibration, seconds: float) -> None:
 
     gpu = find_gpu(c.profile.get("device"))
     out = c.profile.setdefault("gemm_sustained", {})
-    for dtype in [d for d in c.dtypes if d in ("bf16", "fp16")] or c.dtypes[:1]:
+    for dtype in sustain_dtypes(c.dtypes):
         dt = torch_dtype(dtype)
         burst = {(M, K, N): fwd for M, K, N, fwd, _ in c.profile["gemm_tflops"][dtype]}
         shapes = sorted(burst, key=lambda mkn: -mkn[0] * mkn[1] * mkn[2])
@@ -627,10 +642,10 @@ def measure_sustained(c: Calibration, seconds: float) -> None:
             b = torch.randn(K, N, device=c.device, dtype=dt)
             flops = 2.0 * M * K * N
             calls = max(1, int(1.0 / (flops / (burst[M, K, N] * 1e12))))  # about a second of calls
-            if i == 0:  # heat: the largest GEMM for `seconds`
+            if i == 0:  # heat: the largest GEMM for `seconds` (checked every tenth of a second or call)
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < seconds:
-                    for _ in range(calls):
+                    for _ in range(max(1, calls // 10)):
                         torch.mm(a, b)
                     synchronize(c.device)
             timer = RegionTimer(c.device)
@@ -646,7 +661,7 @@ def measure_sustained(c: Calibration, seconds: float) -> None:
         peak = gpu.peak(dtype) if gpu else None
         rate = flops_total / s_total / 1e12
         out[dtype] = {"rows": rows, "heat_s": seconds, "TFLOPs": rate,
-                      "fraction": rate / peak if peak else None, **gpu_state()}
+                      "fraction": rate / peak if peak else None, **gpu_state(c.device)}
 
 
 def sustained_notes(profile: dict) -> list[str]:

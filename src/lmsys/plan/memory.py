@@ -75,6 +75,9 @@ def precision(dtype: str, *, master_weights: bool) -> Precision:
     return PRECISIONS["master" if master_weights else "autocast"]
 
 
+FSDP_KINDS = ("flat-param", "fsdp2")  # ZeRO-3 gathered into a flat buffer (FSDP1, DeepSpeed, lmsys) or per parameter
+
+
 @dataclass(frozen=True)
 class Layout:
     """How the step is spread: the mesh, ZeRO stage, sequence parallelism, pipeline schedule and
@@ -90,9 +93,10 @@ class Layout:
     micro_batch: int = 1
     microbatches: int = 1
     checkpoint: str = "none"
-    # ZeRO-3's implementation: "flat" gathers into one buffer the parameters are views of (torch FSDP1,
-    # DeepSpeed, lmsys); "fsdp2" (torch fully_shard) gathers per parameter and copies on the compute stream
-    fsdp: str = "flat"
+    # ZeRO-3's implementation (FSDP_KINDS): "flat-param" gathers into one buffer the parameters are views of
+    # (torch FSDP1's FlatParameter, DeepSpeed, lmsys); "fsdp2" (torch fully_shard) gathers per parameter and
+    # copies on the compute stream
+    fsdp: str = "flat-param"
 
     @property
     def gpus(self) -> int:
@@ -121,8 +125,10 @@ def check_layout(m: ModelShape, lay: Layout) -> None:
         bad.append("sequence parallelism needs tp > 1")
     if lay.zero not in (0, 1, 2, 3):
         bad.append(f"ZeRO stage {lay.zero} is not 0, 1, 2 or 3")
-    if lay.fsdp not in ("flat", "fsdp2"):
-        bad.append(f"FSDP implementation {lay.fsdp!r} is not flat or fsdp2")
+    if lay.fsdp not in FSDP_KINDS:
+        bad.append(f"FSDP implementation {lay.fsdp!r} is not one of {', '.join(FSDP_KINDS)}")
+    elif lay.fsdp != FSDP_KINDS[0] and lay.zero < 3:
+        bad.append(f"fsdp={lay.fsdp} shards the weights: it needs zero=3, not {lay.zero}")
     # pp = 1: 'none' runs each micro-batch's forward and backward in turn (gradient accumulation, 1F1B's
     # order on one stage); 'gpipe' runs every forward before the first backward (parallel train's gpipe)
     if lay.schedule not in SCHEDULES or (lay.pp > 1 and lay.schedule == "none") or \

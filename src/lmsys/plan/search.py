@@ -18,7 +18,7 @@ from lmsys.plan.shape import ModelShape
 from lmsys.plan.time import Rates, StepTime, mfu, step_time
 
 MESH_KEYS = ("dp", "tp", "pp", "zero", "sp", "schedule", "chunks", "micro_batch", "checkpoint", "fsdp")
-FSDP_KINDS = ("flat", "fsdp2")  # ZeRO-3 gathered into a flat buffer (FSDP1, DeepSpeed, lmsys) or per parameter
+CHOICE_KEYS = ("schedule", "checkpoint", "fsdp")  # --mesh keys whose value is one of a list
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
@@ -88,7 +88,7 @@ def load_cluster(path: str | Path, *, gpus: int | None, gpus_per_node: int | Non
 
 def parse_mesh(text: str) -> dict:
     """'dp=8,tp=1,pp=1' (also zero=, sp=on|off, schedule=, chunks=, micro_batch= or mb=, checkpoint=,
-    fsdp=flat|fsdp2: ZeRO-3's implementation, lmsys.plan.time.fsdp2_copy_bytes)."""
+    fsdp=flat-param|fsdp2: ZeRO-3's implementation, lmsys.plan.time.fsdp2_copy_bytes)."""
     out: dict = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = item.partition("=")
@@ -96,14 +96,10 @@ def parse_mesh(text: str) -> dict:
         value = value.strip()
         if key not in MESH_KEYS or not value:
             raise LmsysError(f"--mesh: cannot read {item!r}; use key=value with keys {', '.join(MESH_KEYS)}")
-        if key == "fsdp":
-            if value not in FSDP_KINDS:
-                raise LmsysError(f"--mesh: fsdp={value} is not one of {', '.join(FSDP_KINDS)}")
-            out[key] = value
-        elif key in ("schedule", "checkpoint"):
-            from lmsys.plan.memory import CHECKPOINT_KINDS as ckpts, SCHEDULES as schedules
+        if key in CHOICE_KEYS:
+            from lmsys.plan.memory import CHECKPOINT_KINDS, FSDP_KINDS, SCHEDULES
 
-            allowed = schedules if key == "schedule" else ckpts
+            allowed = {"schedule": SCHEDULES, "checkpoint": CHECKPOINT_KINDS, "fsdp": FSDP_KINDS}[key]
             if value not in allowed:
                 raise LmsysError(f"--mesh: {key}={value} is not one of {', '.join(allowed)}")
             out[key] = value
@@ -166,7 +162,7 @@ def candidates(m: ModelShape, *, gpus: int, gpus_per_node: int, global_batch: in
                                 continue
                             yield Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=sp, schedule=schedule, chunks=chunks,
                                          micro_batch=b, microbatches=mbs, checkpoint=ckpt,
-                                         fsdp=fixed.get("fsdp", "flat"))
+                                         fsdp=fixed.get("fsdp", "flat-param"))
 
 
 def evaluate(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, cluster: Cluster, *, peak_tflops: float,

@@ -383,14 +383,18 @@ def fsdp2_copy_bytes(m: ModelShape, lay: Layout, prec: Precision) -> tuple[float
     gathers anew), and copies the gradients into the reduce-scatter's buffer in the reduce dtype
     (foreach_reduce_scatter_copy_in: read in the gathered dtype, write in the gradient's), both on the
     current stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, 2.4 onwards). A flat FSDP
-    (FSDP1, DeepSpeed, lmsys) gathers into the buffer its parameters are views of: none."""
+    (FSDP1, DeepSpeed, lmsys) gathers into the buffer its parameters are views of: none. A full recompute
+    does not gather again (FSDP2's pre-forward returns early in the pre-backward state)."""
     from lmsys.plan.shape import layer_params
 
     if lay.zero < 3 or lay.dp == 1 or lay.fsdp != "fsdp2":
         return 0.0, 0.0
     block = layer_params(m) / lay.tp
     copy_out = 2 * prec.gathered * block
-    return copy_out, copy_out + (prec.gathered + prec.grad) * block
+    # under a pipeline FSDP2 keeps the gathered blocks for the step and reduces once (torch's pipelining
+    # turns resharding and gradient sync off but for the last micro-batch): once a step, not a micro-batch
+    per = 1 / lay.microbatches if lay.pp > 1 else 1
+    return per * copy_out, per * (copy_out + (prec.gathered + prec.grad) * block)
 
 
 def op_recompute_ms(m: ModelShape, *, tokens: int, tp: int, rates: Rates) -> float:
@@ -414,13 +418,15 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
 
     # one block, one micro-batch, one GPU
     bc = block_cost(m, b=b, t=t, sp=lay.sp, prec=prec, rates=rates)
-    copy_fwd, copy_bwd = fsdp2_copy_bytes(m, lay, prec)
-    fwd = bc.matmul_fwd + (bc.bytes_fwd + copy_fwd) / ew
-    bwd = bc.matmul_bwd + (bc.bytes_bwd + copy_bwd) / ew
+    # FSDP2's copies: large copy kernels, at the streaming rate (hbm_GBps: the table's 0.8 of HBM, a
+    # profile's large copy), not the block's elementwise one
+    copy_fwd, copy_bwd = (x / (rates.hbm_GBps * 1e6) for x in fsdp2_copy_bytes(m, lay, prec))
+    fwd = bc.matmul_fwd + bc.bytes_fwd / ew + copy_fwd
+    bwd = bc.matmul_bwd + bc.bytes_bwd / ew + copy_bwd
     # what the backward runs again, once per block per micro-batch (the head never): the attention core's
     # forward (selective), the whole block's forward, 1x its FLOPs and bytes (full), or every other
     # matmul's forward and the elementwise forward outside attention (op: torchtitan's selective op)
-    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd,
+    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd - copy_fwd,  # FSDP2 does not gather again
                  "op": 0.0}.get(lay.checkpoint, 0.0)
     if lay.checkpoint == "op":
         recompute = op_recompute_ms(m, tokens=tokens, tp=t, rates=rates) + (bc.bytes_fwd - bc.core_bytes) / ew
