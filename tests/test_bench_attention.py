@@ -112,6 +112,36 @@ def test_bench_attention_plot(lmsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_has_a_panel_per_head_dim_and_a_colour_per_implementation(monkeypatch, tmp_path):
+    """Four head dims × three implementations: four panels, each implementation one colour in all of them
+    (the seed's sweep drew 12 lines in one panel, where ten colours repeat), lengths in order."""
+    import matplotlib.pyplot as plt
+
+    from lmsys.core.timing import Stats
+
+    rows = [{"status": "ok", "impl": impl, "d": d, "batch": 8, "heads": 1, "dtype": "bf16", "seq": seq,
+             "fwd+bwd ms": Stats((0.1 * (i + 1) * seq / 256,))}
+            for i, impl in enumerate(("flash-triton", "sdpa-cudnn", "sdpa-flash"))
+            for d in (128, 16, 64, 32) for seq in (1024, 256)]
+    figures = []
+    monkeypatch.setattr(bench_attention, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    bench_attention.plot_attention(rows, tmp_path / "p.png", title="t")
+    (fig,) = figures
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["d = 16", "d = 32", "d = 64", "d = 128"]
+    colours = {}
+    for ax in panels:
+        assert len(ax.lines) == 3
+        for line in ax.lines:
+            colours.setdefault(line.get_label(), set()).add(line.get_color())
+            assert list(line.get_xdata()) == [256, 1024]
+    assert sorted(colours) == ["flash-triton bf16", "sdpa-cudnn bf16", "sdpa-flash bf16"]
+    assert all(len(c) == 1 for c in colours.values()) and len({next(iter(c)) for c in colours.values()}) == 3
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["flash-triton bf16", "sdpa-cudnn bf16",
+                                                                  "sdpa-flash bf16"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (("--impl", "flashy"), "--impl must be one of"),
     (("--preset", "fast"), "--preset must be one of leaderboard"),

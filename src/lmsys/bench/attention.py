@@ -429,11 +429,13 @@ def _mib(n: int | None) -> float | None:
 
 
 def plot_attention(rows: list[dict], path, *, title: str) -> None:
-    """fwd+bwd time against sequence length, one line per (impl, d, batch, heads), log-log, to a PNG."""
+    """fwd+bwd time against sequence length, log-log, to a PNG: one panel per head dim, one colour per
+    implementation (the same in every panel, in the order they ran), a line style per batch × heads."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     series: dict[tuple, list[tuple[int, float]]] = {}
     for row in rows:
@@ -442,20 +444,43 @@ def plot_attention(rows: list[dict], path, *, title: str) -> None:
             series.setdefault(key, []).append((row["seq"], row["fwd+bwd ms"].mean))
     if not series:
         raise LmsysError("--plot: no configuration ran (all out of memory or unsupported); nothing to plot")
-    multi = len({(k[2], k[3]) for k in series}) > 1
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (impl, d, batch, heads, dtype), points in sorted(series.items(), key=lambda kv: str(kv[0])):
-        points.sort()
-        label = f"{impl} d={d}" + (f" b={batch} h={heads}" if multi else "") + (f" {dtype}" if dtype else "")
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("forward + backward (ms)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
+    impls = list(dict.fromkeys(k[0] for k in series))
+    dims = sorted({k[1] for k in series})
+    shapes = list(dict.fromkeys((k[2], k[3]) for k in series))
+    colours = plt.get_cmap("tab10").colors
+    cols = min(len(dims), 2)
+    rows_ = -(-len(dims) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5.5 * cols, 3.8 * rows_), squeeze=False)
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, d in zip(axes.flat, dims):
+        for (impl, dd, batch, heads, dtype), points in series.items():
+            if dd != d:
+                continue
+            points.sort()
+            style = ("-", "--", ":", "-.")[shapes.index((batch, heads)) % 4]
+            label = impl + (f" b={batch} h={heads}" if len(shapes) > 1 else "") + (f" {dtype}" if dtype else "")
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=4,
+                    color=colours[impls.index(impl) % len(colours)], label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.set_title(f"d = {d}", fontsize="medium")
+        ax.set_xlabel("sequence length")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes.flat[len(dims):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("forward + backward (ms)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    for ax in axes.flat[1:len(dims)]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(labels) - 1) // 4), 1, 1))
     save_figure(fig, path, what="--plot", dpi=120)
     plt.close(fig)
 
