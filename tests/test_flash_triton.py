@@ -572,6 +572,11 @@ def test_policy_is_frozen_and_hashable_with_the_shipped_thresholds():
     assert (policy.gluon_bwd_min_keys, policy.gluon_copy_min_keys) == (4096, ((128, 16384),))
     assert policy.tma_reduce_dq and not policy.warp_spec_with_tma and not policy.wide_configs
     assert policy.gluon_copy_from(128) == 16384 and policy.gluon_copy_from(64) == float("inf")
+    # the Gluon kernels at d 16 and 32 only from 8,192 keys not causal and 16,384 causal; d 64/128 at any
+    assert policy.gluon_small_min_keys == ((False, 8192), (True, 16384))
+    for d, causal, keys in ((16, False, 8192), (32, False, 8192), (16, True, 16384), (32, True, 16384),
+                            (64, True, 0), (64, False, 0), (128, True, 0), (128, False, 0)):
+        assert policy.gluon_from(d, causal) == keys, (d, causal)
     two = [flash_triton._config(16, 16, 4, 1)]
     picked = flash_triton.Policy(pick=0, configs={"fwd": two}, gluon_copy_min_keys={64: 8})
     assert picked.configs == (("fwd", tuple(two)),) and picked.gluon_copy_min_keys == ((64, 8),)
@@ -590,6 +595,9 @@ def _gluon_module():
     ((1, 8, 384, 128), (1, 2, 384, 128), torch.float16, True),  # grouped-query
     ((1, 8, 128, 128), (1, 1, 128, 128), torch.bfloat16, True),  # multi-query
     ((1, 2, 256, 64), (1, 2, 256, 64), torch.bfloat16, True),  # d 64
+    ((1, 2, 256, 32), (1, 2, 256, 32), torch.bfloat16, True),  # d 32 and 16 (from gluon_small_min_keys keys)
+    ((1, 2, 256, 16), (1, 2, 256, 16), torch.float16, True),
+    ((1, 2, 256, 48), (1, 2, 256, 48), torch.bfloat16, False),  # d 48: no tiles of its own
     ((1, 2, 256, 80), (1, 2, 256, 80), torch.bfloat16, False),  # d 80: the tl kernel's padded path
     ((1, 2, 200, 128), (1, 2, 200, 128), torch.bfloat16, False),  # not a multiple of the tiles
     ((1, 2, 256, 128), (1, 2, 384, 128), torch.bfloat16, False),  # n_q != n_k
@@ -662,7 +670,8 @@ def test_gluon_backward_takes_only_what_it_computes():
     assert gluon.supports(x, x, x, config)
     assert not gluon.usable_backward(x, x, x, x)  # not on a CPU
     d64 = torch.zeros(2, 4, 256, 64, dtype=torch.bfloat16)
-    assert set(gluon.BWD_CONFIGS) == {64, 128} and gluon.supports(d64, d64, d64, gluon.BWD_CONFIGS[64])
+    assert set(gluon.BWD_CONFIGS) == set(gluon.HEAD_DIMS) == {16, 32, 64, 128}
+    assert gluon.supports(d64, d64, d64, gluon.BWD_CONFIGS[64])
     d80 = torch.zeros(2, 4, 256, 80, dtype=torch.bfloat16)
     assert not gluon.supports(d80, d80, d80, gluon.BWD_CONFIGS[64])
     odd = torch.zeros(2, 4, 192, 128, dtype=torch.bfloat16)  # a multiple of 64, not of the 128-key tiles
@@ -700,6 +709,22 @@ class _FakeGluon:
         assert _rel(delta.cpu(), (o_ref.detach() * do4.double().cpu()).sum(-1)) < 2e-2  # D is ready (bf16 O)
         dq32.add_(dq.to(dq32)), dk4.copy_(dk), dv4.copy_(dv), dq4.copy_(dq32)
         return "fake 64×128"
+
+
+def test_gluon_runs_at_small_head_dims_only_from_their_keys(monkeypatch):
+    """d 16 and 32: the Gluon kernels (forward and the one-launch backward) only from gluon_small_min_keys
+    keys (not causal 8,192, causal 16,384, lowered here to 256 and 512); below, the tl kernels; d 64 does
+    not wait. The results match float64 either way."""
+    fake = _FakeGluon(_gluon_module())
+    monkeypatch.setattr(flash, "_gluon", lambda: fake)
+    for d, n, causal, gluon in [(32, 256, False, True), (32, 256, True, False), (16, 512, True, True),
+                                (16, 128, False, False), (64, 128, True, True)]:
+        q, k, v = _gqa_inputs((1,), 2, 2, n, n, d, torch.bfloat16, seed=d + n)
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=1,
+                         gluon_small_min_keys=((False, 256), (True, 512)))
+        fake.calls.clear()
+        ran = _run_and_compare(q, k, v, causal, TOL[torch.bfloat16], policy=policy)
+        assert ("bwd" in ran) == gluon and bool(fake.calls) == gluon, (d, n, causal, ran)
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):
@@ -742,6 +767,8 @@ GLUON_CASES = [
     ((1,), 2, 2, 512, 128, False, torch.float16),
     ((1,), 2, 1, 1536, 64, True, torch.bfloat16),  # long enough that the K/V ring wraps
     ((2, 1), 4, 2, 1024, 128, True, torch.float16),  # five dims, grouped-query, the ring wraps
+    ((2,), 4, 2, 512, 32, True, torch.bfloat16),  # d 32 and 16 on d 64's tiles (gluon_small_min_keys lowered)
+    ((1,), 3, 3, 384, 16, False, torch.float16),
 ]
 
 
@@ -755,8 +782,10 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     gluon = _gluon_module()
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
-    # through flash-triton; deterministic=False: the one launch below gluon_bwd_min_keys too
-    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False)
+    # through flash-triton; deterministic=False: the one launch below gluon_bwd_min_keys too; d 16/32 at
+    # any length
+    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False,
+                     gluon_small_min_keys=((False, 0), (True, 0)))
     ran = _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
     assert ran["fwd"].startswith("gluon")
     if d in gluon.BWD_CONFIGS:

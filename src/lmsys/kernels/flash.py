@@ -40,8 +40,8 @@ class Policy:
       a pick); a dict {kernel: [Config, ...]} is accepted and stored as such pairs.
     wide_configs: `pick` chooses from flash_triton.WIDE_CONFIGS followed by CONFIGS (needs a pick).
     deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
-      backward where `flash_gluon.usable_backward` takes the inputs (Hopper, d 64/128; strided views
-      copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
+      backward where `flash_gluon.usable_backward` takes the inputs (Hopper, flash_gluon.HEAD_DIMS; strided
+      views copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
       atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
       False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
       when `gluon` is on, the tl one elsewhere).
@@ -55,7 +55,8 @@ class Policy:
       configs only (flash_triton.WARP_SPEC_MIN_WARPS; off where none fits).
     warp_spec_with_tma: keep warp_specialize on where the forward's descriptors run (off: `tma` wins).
     gluon: the forward runs lmsys.kernels.flash_gluon where `flash_gluon.usable` takes the inputs (Hopper,
-      bf16/fp16, d 64/128, n_q == n_k a multiple of its tiles, contiguous, or strided and copied from
+      bf16/fp16, d 16/32/64/128 (below 64 from `gluon_small_min_keys` keys), n_q == n_k a multiple of its
+      tiles, contiguous, or strided and copied from
       `gluon_copy_min_keys` keys); the tl forward elsewhere. Where it runs, the tl forward's levers (tma,
       warp_specialize, persistent, and pick/configs for "fwd") do not apply. The Gluon one-launch backward
       runs there too: from `gluon_bwd_min_keys` keys with deterministic=None, at any length with False,
@@ -65,6 +66,9 @@ class Policy:
       for the Gluon forward at that head dim (never at head dims not listed).
     persistent: the forward launches min(#SMs, #tiles) programs (4 under the interpreter), each looping over
       (query tile, batch·head) work items, causal ones heaviest first across all heads.
+    gluon_small_min_keys: ((causal, keys), ...): at head dims below 64 (16, 32) the Gluon kernels, forward
+      and backward, run only from that many keys (measured on an H100 against the tl kernels: not causal
+      faster from 8,192, causal from 16,384); d 64 and 128 are not limited by it.
     """
 
     pick: int | None = None
@@ -80,9 +84,10 @@ class Policy:
     tma_reduce_dq: bool = True
     warp_spec_with_tma: bool = False
     wide_configs: bool = False
+    gluon_small_min_keys: tuple = ((False, 8192), (True, 16384))
 
     def __post_init__(self):
-        for name in ("configs", "gluon_copy_min_keys"):  # dicts and lists kept as hashable pairs
+        for name in ("configs", "gluon_copy_min_keys", "gluon_small_min_keys"):  # dicts and lists kept as hashable pairs
             value = getattr(self, name)
             if isinstance(value, dict):
                 value = value.items()
@@ -113,6 +118,10 @@ class Policy:
     def gluon_copy_from(self, d: int) -> float:
         """From how many keys strided inputs at head dim d are copied for the Gluon forward (inf: never)."""
         return dict(self.gluon_copy_min_keys).get(d, math.inf)
+
+    def gluon_from(self, d: int, is_causal: bool) -> float:
+        """From how many keys the Gluon kernels may run at head dim d (0: any; d < 64: gluon_small_min_keys)."""
+        return 0 if d >= 64 else dict(self.gluon_small_min_keys).get(bool(is_causal), math.inf)
 
 
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
@@ -255,8 +264,8 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
     deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies.
     prepare (the backward only): a list that the compiles of the kernels it would run are appended to, from
     stand-in outputs; nothing runs (see _precompile_backward)."""
-    gluon = _gluon() if policy.gluon else None
     n_k = k4.shape[2]
+    gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(q4.shape[-1], is_causal) else None
     if direction == "fwd":
         if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
                 and gluon.usable(q4, k4, v4, layout=False):

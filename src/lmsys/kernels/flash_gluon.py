@@ -63,8 +63,12 @@ class Config:
             raise ValueError("one tile must divide the other (the causal diagonal's tiles)")
 
 
+# The head dims the kernels take: 64 and 128 (tuned at the leaderboard shape), and 16 and 32 on d 64's tiles
+# (an H100, b8 h1 bf16, fwd+bwd against the tl kernels: faster not causal from 8,192 keys and causal at 16,384,
+# slower causal at 8,192; flash.Policy.gluon_small_min_keys decides; docs/benchmarks/attention.md).
+HEAD_DIMS = (16, 32, 64, 128)
 # The forward's config per head dim: the fastest of a sweep at the leaderboard shape (docs/kernels.md).
-CONFIGS = {d: Config(128, 128, 3, 2, 8, 168, 2) for d in (64, 128)}
+CONFIGS = {d: Config(128, 128, 3, 2, 8, 168, 2) for d in HEAD_DIMS}
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class BwdConfig:
 
 
 # The backward's config per head dim (docs/kernels.md).
-BWD_CONFIGS = {d: BwdConfig(64, 128, 2, 8, 168, early_dp=True) for d in (64, 128)}
+BWD_CONFIGS = {d: BwdConfig(64, 128, 2, 8, 168, early_dp=True) for d in HEAD_DIMS}
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
@@ -524,13 +528,13 @@ def descriptors(q, k, v, block_m: int, block_n: int):
 def supports(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config | None = None,
              layout: bool = True) -> bool:
     """Whether the kernel computes these [Z, H, N, d] inputs (device aside) with `config` (by default
-    CONFIGS' for their head dim): bf16/fp16 alike, d 64 or 128,
+    CONFIGS' for their head dim): bf16/fp16 alike, d in HEAD_DIMS,
     as many keys as queries and a multiple of the tiles (TMA reads whole tiles, across heads otherwise),
     contiguous and 16-byte aligned (with layout=False: whatever their layout, as contiguous copies would
     be), query heads a multiple of key/value heads, not empty, and at most MAX_GRID_Y batch·heads."""
     d, n = q4.shape[-1], q4.shape[-2]
     config = config or CONFIGS.get(d)
-    return (config is not None and d in (64, 128) and q4.dim() == 4 and q4.numel() > 0
+    return (config is not None and d in HEAD_DIMS and q4.dim() == 4 and q4.numel() > 0
             and q4.shape[0] * q4.shape[1] <= MAX_GRID_Y and q4.dtype in DTYPES
             and k4.dtype == q4.dtype and v4.dtype == q4.dtype
             and k4.shape[-2] == n and k4.shape[-1] == d and v4.shape == k4.shape
@@ -563,7 +567,7 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) 
 
 def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None, layout: bool = True) -> bool:
     """Whether `backward` runs these [Z, H, N, d] inputs: `usable`'s conditions with the backward's tiles
-    (by default BWD_CONFIGS' for the head dim: d 64 and 128), dO shaped like q, and (unless layout=False) all
+    (by default BWD_CONFIGS' for the head dim: HEAD_DIMS), dO shaped like q, and (unless layout=False) all
     four contiguous and aligned."""
     config = config or BWD_CONFIGS.get(q4.shape[-1])
     return (config is not None and usable(q4, k4, v4, config, layout) and do4.shape == q4.shape
