@@ -1119,7 +1119,7 @@ def test_calibrate_sustain_times_each_gemm_back_to_back(monkeypatch):
 
     from lmsys.plan import calibrate as cal
 
-    monkeypatch.setattr(cal, "MEASUREMENTS", (cal.measure_compute,))
+    monkeypatch.setattr(cal, "MEASUREMENTS", (cal.measure_compute, cal.measure_sustained))
     profile, rows = cal.calibrate(load_shape("tiny"), device=torch.device("cpu"), dtypes=["fp32"], batch_size=1,
                                   warmup=0, steps=1, collectives=False, sustain=0.05)
     sus = profile["gemm_sustained"]["fp32"]
@@ -1179,7 +1179,7 @@ def test_calibrate_runs_its_measurements_in_order(monkeypatch):
 
     assert [f.__name__ for f in cal.MEASUREMENTS] == [
         "measure_compute", "measure_copy", "measure_multiply", "measure_optimizer", "measure_block_elementwise",
-        "measure_host_rates", "measure_collectives"]
+        "measure_host_rates", "measure_collectives", "measure_sustained"]
     seen = []
 
     def stand_in(name):

@@ -87,7 +87,8 @@ class Policy:
     gluon_small_min_keys: tuple = ((False, 8192), (True, 16384))
 
     def __post_init__(self):
-        for name in ("configs", "gluon_copy_min_keys", "gluon_small_min_keys"):  # dicts and lists kept as hashable pairs
+        # dicts and lists kept as hashable pairs
+        for name in ("configs", "gluon_copy_min_keys", "gluon_small_min_keys"):
             value = getattr(self, name)
             if isinstance(value, dict):
                 value = value.items()

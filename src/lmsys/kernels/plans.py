@@ -20,8 +20,8 @@ view the Gluon kernel copies), an output that is not one `alloc` made (the atomi
 interpreter (tests turn it on: the plan then replays its arguments through Triton's normal launch) and
 with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: `bench attention`'s `host µs` under either).
 
-The rule for launchers: a plan replays only `alloc`, `launch` and `contiguous` (a copy of an input). Work on tensors done any other way on a
-path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
+The rule for launchers: a plan replays only `alloc`, `launch` and `contiguous` (a copy of an input). Work
+on tensors done any other way on a path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
 or make sure it leaves the call's tensors other than the inputs (a copy fails the address check above).
 """
 

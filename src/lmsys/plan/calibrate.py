@@ -10,7 +10,8 @@ kernels reach (the profiler's kernel time of one block less its matmuls, `kernel
 per dispatched op (twins of the model with 2 and 6 blocks, their ops counted with a dispatch mode), and
 the all-reduce busbw per size and world size through lmsys.bench.comm (the job `comm allreduce` runs,
 started by the one launcher): with nccl on 2, 4, 8 ... of this machine's GPUs (2 or more), with gloo on 2
-processes on a CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency."""
+processes on a CPU (a few sizes, 1 KiB to 4 MiB); the smallest size's time is the latency; and with
+`--sustain` the rate the GEMMs keep back to back at the power limit (`measure_sustained`)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class Calibration:
     warmup: int
     steps: int
     collectives: bool
+    sustain: float = 0.0  # seconds of the largest GEMM before measure_sustained's windows (0: not measured)
     profile: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
 
@@ -70,20 +72,18 @@ def calibrate(models, *, device, dtypes: list[str], batch_size: int, warmup: int
     models = [models] if isinstance(models, ModelShape) else list(models)
     if collectives is None:
         collectives = torch.device(device).type != "cuda" or torch.cuda.device_count() >= 2
-    c = Calibration(models, device, list(dtypes), batch_size, warmup, steps, collectives)
+    c = Calibration(models, device, list(dtypes), batch_size, warmup, steps, collectives, sustain)
     c.profile = {"device": device_name(device), "matmul_tflops": {}, "attention_tflops": {}, "gemm_tflops": {}}
     memory_GB = device_memory_GB(device)
     if memory_GB is not None:  # plan train's capacity for a device the GPU table does not know (a CPU)
         c.profile["memory_GB"] = memory_GB
-    shapes = sum(len(_matmul_shapes(m, tokens=batch_size * m.seq)) for m in models)
+    per_model = [_matmul_shapes(m, tokens=batch_size * m.seq) for m in models]
+    shapes = sum(len(s) for s in per_model)
     naive = sum(m.attention != "flash" for m in models)
-    sustained = len(sustain_dtypes(dtypes)) * len({mkn for m in models
-                                                    for mkn in _matmul_shapes(m, tokens=batch_size * m.seq)})
-    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3 + (sustained if sustain > 0 else 0))
+    sustained = len(sustain_dtypes(dtypes)) * len(set().union(*per_model)) if sustain > 0 else 0
+    progress.plan_rows(len(dtypes) * (shapes + naive + len(models) + 1 + c.cuda) + 3 + sustained)
     for measure in MEASUREMENTS:
         measure(c)
-    if sustain > 0:
-        measure_sustained(c, sustain)
     return c.profile, c.rows
 
 
@@ -236,9 +236,6 @@ def measure_collectives(c: Calibration) -> None:
     c.rows += comm_rows
 
 
-# plan calibrate, in order: each measurement reads the Calibration and adds its profile fields and rows
-MEASUREMENTS = (measure_compute, measure_copy, measure_multiply, measure_optimizer, measure_block_elementwise,
-                measure_host_rates, measure_collectives)
 
 
 def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
@@ -614,9 +611,10 @@ def sustain_dtypes(dtypes: list[str]) -> list[str]:
     return [d for d in dtypes if d in ("bf16", "fp16")] or dtypes[:1]
 
 
-def measure_sustained(c: Calibration, seconds: float) -> None:
-    """The rate the models' GEMMs keep when a training run issues them back to back (`gemm_sustained`): per
-    16-bit dtype (fp32 where none is calibrated), `seconds` of the largest GEMM first (the clock settles at
+def measure_sustained(c: Calibration) -> None:
+    """With `sustain` seconds: the rate the models' GEMMs keep when a training run issues them back to back
+    (`gemm_sustained`): per 16-bit dtype (fp32 where none is calibrated), `sustain` seconds of the largest GEMM
+    first (the clock settles at
     the power limit: on an H200 within a few seconds), then each forward GEMM shape for about a second of
     calls, timed as one region. Rows [M, K, N, burst TFLOP/s (calibrate's), sustained TFLOP/s]; `fraction`:
     all their FLOPs over all their time, over the dense peak the GPU table gives (None: a part it lacks);
@@ -629,6 +627,9 @@ def measure_sustained(c: Calibration, seconds: float) -> None:
     from lmsys.core.hardware import find_gpu
     from lmsys.core.timing import RegionTimer, synchronize
 
+    if c.sustain <= 0:
+        return
+    seconds = c.sustain
     gpu = find_gpu(c.profile.get("device"))
     out = c.profile.setdefault("gemm_sustained", {})
     for dtype in sustain_dtypes(c.dtypes):
@@ -662,6 +663,11 @@ def measure_sustained(c: Calibration, seconds: float) -> None:
         rate = flops_total / s_total / 1e12
         out[dtype] = {"rows": rows, "heat_s": seconds, "TFLOPs": rate,
                       "fraction": rate / peak if peak else None, **gpu_state(c.device)}
+
+
+# plan calibrate, in order: each measurement reads the Calibration and adds its profile fields and rows
+MEASUREMENTS = (measure_compute, measure_copy, measure_multiply, measure_optimizer, measure_block_elementwise,
+                measure_host_rates, measure_collectives, measure_sustained)
 
 
 def sustained_notes(profile: dict) -> list[str]:
@@ -761,7 +767,8 @@ def calibrate_report(*, shapes, device, dtypes: list[str], batch_size: int, warm
         prof, rows = calibrate(shapes, device=device, dtypes=dtypes, batch_size=batch_size, warmup=warmup, steps=steps,
                                sustain=sustain)
     save_profile(prof, profile)
-    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`.", *curve_notes(prof), *sustained_notes(prof)]
+    notes = [f"Profile written to {profile}; use it with `lmsys plan train --profile {profile}`.",
+             *curve_notes(prof), *sustained_notes(prof)]
     if "busbw" not in prof:
         notes.append("All-reduce busbw not measured: fewer than 2 GPUs here (plan train keeps the table's links).")
     else:

@@ -113,7 +113,7 @@ def run_layout(run: dict):
     return Layout(dp=dp, tp=tp, pp=pp, zero=mesh.get("zero", 0), sp=mesh.get("sp", False),
                   schedule=mesh.get("schedule", "none" if pp == 1 else "1f1b"), chunks=mesh.get("chunks", 1),
                   micro_batch=run["micro_batch"], microbatches=int(per_replica), checkpoint=run["recompute"],
-                  fsdp=mesh.get("fsdp", "flat-param"))
+                  fsdp=mesh.get("fsdp", Layout.fsdp))
 
 
 def run_precision(run: dict):

@@ -162,7 +162,7 @@ def candidates(m: ModelShape, *, gpus: int, gpus_per_node: int, global_batch: in
                                 continue
                             yield Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=sp, schedule=schedule, chunks=chunks,
                                          micro_batch=b, microbatches=mbs, checkpoint=ckpt,
-                                         fsdp=fixed.get("fsdp", "flat-param"))
+                                         fsdp=fixed.get("fsdp", Layout.fsdp))
 
 
 def evaluate(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, cluster: Cluster, *, peak_tflops: float,

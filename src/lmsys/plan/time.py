@@ -425,8 +425,9 @@ def step_time(m: ModelShape, lay: Layout, prec: Precision, rates: Rates, *, gpus
     bwd = bc.matmul_bwd + bc.bytes_bwd / ew + copy_bwd
     # what the backward runs again, once per block per micro-batch (the head never): the attention core's
     # forward (selective), the whole block's forward, 1x its FLOPs and bytes (full), or every other
-    # matmul's forward and the elementwise forward outside attention (op: torchtitan's selective op)
-    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd - copy_fwd,  # FSDP2 does not gather again
+    # matmul's forward and the elementwise forward outside attention (op: torchtitan's selective op); FSDP2
+    # does not gather again for a full recompute
+    recompute = {"none": 0.0, "selective": bc.attn_fwd + bc.core_bytes / ew, "full": fwd - copy_fwd,
                  "op": 0.0}.get(lay.checkpoint, 0.0)
     if lay.checkpoint == "op":
         recompute = op_recompute_ms(m, tokens=tokens, tp=t, rates=rates) + (bc.bytes_fwd - bc.core_bytes) / ew
