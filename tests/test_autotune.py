@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from lmsys.kernels import flash_triton, tuning
+from lmsys.kernels import flash_triton, plans, tuning
 from lmsys.kernels.flash_triton import _config
 
 FAST, SLOW = _config(32, 16, 4, 1), _config(16, 16, 4, 1)
@@ -192,6 +192,67 @@ def test_gpu_shortlist_takes_smaller_tiles_where_the_grid_leaves_sms_idle():
     assert _gpu_shortlist("dq", 128, 256, 4)[1][0] == 64
     assert all(len(_gpu_shortlist(k, d, n, 1)) <= 2 for k in ("fwd", "dkdv", "dq") for d in (16, 64, 128, 256)
                for n in (64, 4096))
+
+
+def _fp32_shortlist(kernel, d, rows=8192, heads=8):
+    configs = flash_triton.FP32_GPU_CONFIGS[kernel]
+    fitting = flash_triton.fitting_configs(kernel, configs, d_pad=d, elem=4, smem=232448)
+    short = flash_triton._shortlist(kernel, fitting, d_pad=d, rows=rows, heads=heads, programs=132, fp32=True)
+    return [flash_triton._tiles(c) for c in short]
+
+
+def test_fp32_shortlist_holds_the_h100_sweeps_best():
+    """fp32, b8 h1 s8192 (bf16x6 dots, H100: docs/benchmarks/attention.md, "fp32 dots"): the fastest
+    config of each kernel that the estimate lets fit is shortlisted, d 128's without d 64's first (its
+    tiles do not fit there); the cheapest config is GPU_CONFIGS' cheapest, so the shared-memory check
+    (flash._smallest_tiles) says the same for fp32 as before."""
+    assert _fp32_shortlist("fwd", 128) == [(128, 64, 8, 1), (64, 64, 4, 1)]  # 4.06 / 4.28 ms
+    assert _fp32_shortlist("fwd", 64) == [(128, 64, 8, 3), (128, 64, 8, 1)]  # 2.20 / 2.32
+    assert _fp32_shortlist("dq", 128) == [(128, 32, 8, 1), (64, 64, 4, 1)]  # 24.3 / 26.9 (fwd+dq+dkdv)
+    assert _fp32_shortlist("dq", 64) == [(128, 64, 8, 3), (128, 32, 8, 1)]
+    assert _fp32_shortlist("dkdv", 128) == [(32, 64, 4, 3), (32, 32, 4, 2)]
+    for kernel in ("fwd", "dq", "dkdv"):
+        for d in (16, 32, 64, 128):
+            cost = [flash_triton._cost(kernel, c, d, 4)[1] for c in flash_triton.FP32_GPU_CONFIGS[kernel]]
+            assert min(cost) == min(flash_triton._cost(kernel, c, d, 4)[1] for c in flash_triton.GPU_CONFIGS[kernel])
+
+
+def test_fp32_dots_follow_torchs_matmul_precision(monkeypatch):
+    """bf16x6 at "highest" (as accurate as tf32x3), bf16x3 at "high"/"medium", as torch documents the
+    setting; tf32x3 where the backend or the GPU has no bf16 splits, off a GPU and under the interpreter."""
+    from lmsys.kernels import dots
+
+    monkeypatch.setattr(dots, "INTERPRET", False)
+    monkeypatch.setattr(dots, "capability", lambda device: (9, 0))
+    monkeypatch.setattr(dots, "_backend_dots", lambda: ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6"))
+    previous = torch.get_float32_matmul_precision()
+    try:
+        for setting, expected in (("highest", "bf16x6"), ("high", "bf16x3"), ("medium", "bf16x3")):
+            torch.set_float32_matmul_precision(setting)
+            assert dots.fp32_dots("cuda:0") == expected
+            assert dots.dot_precision(torch.zeros(1, device="meta").to(torch.float32)) == "tf32x3"  # not a GPU
+        torch.set_float32_matmul_precision("highest")
+        assert dots.fp32_dots("cpu") == "tf32x3"
+        # torch's newer setting, after which get_float32_matmul_precision() raises: read too
+        newer = torch.backends.cuda.matmul.fp32_precision
+        try:
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            assert dots.matmul_precision() == "high" and dots.fp32_dots("cuda:0") == "bf16x3"
+            assert plans.key(("fwd", False, None), (torch.zeros(2, 8),))  # a plan's key reads it too
+        finally:
+            torch.backends.cuda.matmul.fp32_precision = newer
+        assert dots.matmul_precision() == "highest"
+        monkeypatch.setattr(dots, "capability", lambda device: (7, 5))
+        assert dots.fp32_dots("cuda:0") == "tf32x3"
+        monkeypatch.setattr(dots, "capability", lambda device: (8, 0))
+        monkeypatch.setattr(dots, "_backend_dots", lambda: ("tf32", "tf32x3", "ieee"))
+        assert dots.fp32_dots("cuda:0") == "tf32x3"
+        monkeypatch.setattr(dots, "INTERPRET", True)
+        monkeypatch.setattr(dots, "_backend_dots", lambda: ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6"))
+        assert dots.fp32_dots("cuda:0") == "tf32x3"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert flash_triton._dot_precision(torch.zeros(1, dtype=torch.bfloat16)) == "tf32"  # ignored for 16-bit
 
 
 def test_concurrent_writers_leave_a_whole_file(timer):

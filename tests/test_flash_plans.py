@@ -158,6 +158,13 @@ def test_alignment_and_every_specialized_integer_enter_the_key():
     assert plans.key(head, (q.transpose(1, 2), q, q)) != base
     assert plans.key(head, (q.half(), q, q)) != base
     assert plans.key(("fwd", True, flash.DEFAULT_POLICY), (q, q, q)) != base
+    previous = torch.get_float32_matmul_precision()  # fp32's dots follow it (flash_triton.fp32_dots)
+    try:
+        torch.set_float32_matmul_precision("high" if previous == "highest" else "highest")
+        assert plans.key(head, (q, q, q)) != base
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert plans.key(head, (q, q, q)) == base
 
 
 def test_policy_hash_is_computed_once_and_follows_equality():
@@ -331,25 +338,27 @@ def test_launch_call_matches_triton():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("host_bound", [True, False])  # False: descriptors and Gluon at these small sizes too
 @pytest.mark.parametrize("lead,n_q,n_k,d,causal,dtype", AWKWARD + [
-    ((8, 1), 256, 256, 64, True, torch.bfloat16),  # the Gluon forward on Hopper
+    ((8, 1), 256, 256, 64, True, torch.bfloat16),  # the Gluon forward on Hopper (host_bound False)
     ((1, 2), 4096, 4096, 128, True, torch.bfloat16),  # and the Gluon backward
 ])
-def test_direct_launch_matches_the_normal_path_on_a_gpu(lead, n_q, n_k, d, causal, dtype):
+def test_direct_launch_matches_the_normal_path_on_a_gpu(lead, n_q, n_k, d, causal, dtype, host_bound):
     """On a GPU the plans launch the compiled kernels directly: the same bits as the normal path, aligned
     or not (a misaligned q has a plan, and a kernel, of its own)."""
     plans.clear()
+    policy = flash.default_policy() if host_bound else replace(flash.default_policy(), host_bound_flops=0)
     for make in (lambda: _qkv(lead, n_q, n_k, d, dtype),
                  lambda: (_misaligned((*lead, n_q, d), dtype).requires_grad_(), *_qkv(lead, n_q, n_k, d, dtype)[1:])):
-        _fwd_bwd(*make(), causal, torch.randn(*lead, n_q, d, device=DEVICE).to(dtype))
+        _fwd_bwd(*make(), causal, torch.randn(*lead, n_q, d, device=DEVICE).to(dtype), policy)
         q, k, v = make()
         do = torch.randn(*lead, n_q, d, device=DEVICE).to(dtype)
         hits = plans.STATS["hits"]
-        got, ran = _fwd_bwd(q, k, v, causal, do)
+        got, ran = _fwd_bwd(q, k, v, causal, do, policy)
         assert plans.STATS["hits"] == hits + 2
         plans.ENABLED = False
         try:
-            normal, normal_ran = _fwd_bwd(q, k, v, causal, do)
+            normal, normal_ran = _fwd_bwd(q, k, v, causal, do, policy)
         finally:
             plans.ENABLED = True
         assert ran == normal_ran

@@ -720,11 +720,31 @@ def test_gluon_runs_at_small_head_dims_only_from_their_keys(monkeypatch):
     for d, n, causal, gluon in [(32, 256, False, True), (32, 256, True, False), (16, 512, True, True),
                                 (16, 128, False, False), (64, 128, True, True)]:
         q, k, v = _gqa_inputs((1,), 2, 2, n, n, d, torch.bfloat16, seed=d + n)
-        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=1,
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=1, host_bound_flops=0,
                          gluon_small_min_keys=((False, 256), (True, 512)))
         fake.calls.clear()
         ran = _run_and_compare(q, k, v, causal, TOL[torch.bfloat16], policy=policy)
         assert ("bwd" in ran) == gluon and bool(fake.calls) == gluon, (d, n, causal, ran)
+
+
+def test_host_bound_calls_run_the_tl_kernels_without_descriptors(monkeypatch):
+    """A call of at most Policy.host_bound_flops forward FLOPs (4·Z·H·n_q·n_k·d) skips the Gluon kernels and
+    tensor descriptors, forward and backward, whatever gluon/tma/tma_backward say; one FLOP more and
+    the policy runs as asked. Both match float64."""
+    fake = _FakeGluon(_gluon_module())
+    monkeypatch.setattr(flash, "_gluon", lambda: fake)
+    asked = []
+    usable = flash_triton._tma_usable
+    monkeypatch.setattr(flash_triton, "_tma_usable",
+                        lambda policy, *t, backward=False: asked.append(usable(policy, *t, backward=backward)) or asked[-1])
+    q, k, v = _gqa_inputs((1,), 2, 2, 128, 128, 64, torch.bfloat16, seed=5)
+    flops = 4 * 2 * 128 * 128 * 64
+    for limit, host_bound in [(flops, True), (flops - 1, False)]:
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=1, tma=True, host_bound_flops=limit)
+        fake.calls.clear(), asked.clear()
+        ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
+        assert ("bwd" in ran) != host_bound and bool(fake.calls) != host_bound, (limit, ran)
+        assert asked and any(asked) != host_bound, (limit, asked)  # the interpreter takes descriptors
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):
@@ -737,7 +757,7 @@ def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeyp
     expected = []
     for deterministic, min_keys, gluon in [(None, 4096, False), (None, 128, True), (True, 128, False),
                                            (False, 4096, True)]:
-        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=min_keys)
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=min_keys, host_bound_flops=0)
         ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
         expected += [(1, 4, 128, 128)] * gluon
         assert fake.calls == expected, (deterministic, min_keys)
@@ -783,8 +803,8 @@ def test_gpu_gluon_forward_and_backward_match_float64(case):
     lead, hq, hkv, n, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n, n, d, dtype, seed=n + d)
     # through flash-triton; deterministic=False: the one launch below gluon_bwd_min_keys too; d 16/32 at
-    # any length
-    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False,
+    # any length; these small cases are not taken as host-bound
+    policy = replace(flash_triton.default_policy(), gluon=True, deterministic=False, host_bound_flops=0,
                      gluon_small_min_keys=((False, 0), (True, 0)))
     ran = _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)
     assert ran["fwd"].startswith("gluon")
@@ -805,7 +825,7 @@ def test_gpu_gluon_forward_takes_the_models_strided_views_as_copies(monkeypatch)
     n = 1024
     heads = torch.randn(2, n, (4 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = heads.view(2, n, 8, 128).transpose(1, 2).split([4, 2, 2], dim=1)
-    policy = replace(flash_triton.default_policy(), gluon_copy_min_keys=((128, 1024),))
+    policy = replace(flash_triton.default_policy(), gluon_copy_min_keys=((128, 1024),), host_bound_flops=0)
     o, lse, ran = flash_triton.launch_forward(q, k, v, True, policy=policy)
     assert ran["fwd"].startswith("gluon"), ran
     o_ref, lse_ref = reference_attention(q, k, v, True, device="cuda")
@@ -835,7 +855,7 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
     torch.manual_seed(d + n)
     heads = torch.randn(1, n, 3 * 2 * d, dtype=torch.bfloat16, device=DEVICE)
     q, k, v = heads.view(1, n, 6, d).transpose(1, 2).split(2, dim=1)  # the model's views
-    policy = replace(flash_triton.default_policy(), gluon=True, gluon_copy_min_keys=((128, 256),))
+    policy = replace(flash_triton.default_policy(), gluon=True, gluon_copy_min_keys=((128, 256),), host_bound_flops=0)
     o, lse, ran = flash_triton.launch_forward(q, k, v, True, policy=policy)
     assert ran["fwd"].startswith("gluon") == copies, ran
     o_ref, lse_ref = reference_attention(q, k, v, True)

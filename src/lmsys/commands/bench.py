@@ -36,7 +36,7 @@ def e2e(
     optimizer: Annotated[str, typer.Option(help="auto | adamw | adamw-fused (auto: fused on a GPU).")] = "auto",
     master_weights: Annotated[bool, opt("master_weights", "bf16 weights and grads with fp32 master weights in a fused Triton AdamW (needs --dtype bf16).")] = False,
     fused_ce: Annotated[str, typer.Option(help="Chunked cross-entropy that never holds full logits: auto (when fp32 logits > 1 GiB) | on | off.")] = "auto",
-    tf32: Annotated[bool, typer.Option("--tf32", metavar="", help="TF32 tensor cores for fp32 matmuls (said so in the output).")] = False,
+    tf32: Annotated[bool, typer.Option("--tf32", metavar="", help="TF32 tensor cores for fp32 matmuls (flash-triton's fp32 dots then bf16x3; said so in the output).")] = False,
     optimizer_in_backward: Annotated[Optional[bool], typer.Option("--optimizer-in-backward/--no-optimizer-in-backward", metavar="", help="Run each block's AdamW inside the backward, from a post-accumulate-grad hook, and free its gradients (off by default, also with --fast: measured no faster on an H200).")] = None,
     optimizer_stream: Annotated[Optional[bool], typer.Option("--optimizer-stream/--no-optimizer-stream", metavar="", help="Run the in-backward updates on a side CUDA stream, under the rest of the backward (needs --optimizer-in-backward).")] = None,
     sm_carveout: Annotated[Optional[str], opt("sm_carveout", "SMs the backward's matmuls leave to the in-backward updates on their side stream, from the first update to the end of backward (needs --optimizer-in-backward --optimizer-stream; GPU only); a comma list sweeps it (one row each).")] = None,

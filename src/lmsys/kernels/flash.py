@@ -23,6 +23,7 @@ import torch
 from lmsys.core.errors import LmsysError
 from lmsys.kernels import flash_triton as ft  # names read at each call: patching INTERPRET, CONFIGS... there holds
 from lmsys.kernels import plans, precompile, tuning
+from lmsys.kernels.dots import dot_precision
 from lmsys.kernels.shapes import check_qkv
 
 # ------------------------------------------------------------------------------------------ policy
@@ -33,12 +34,12 @@ class Policy:
     """How the launchers run the kernels; frozen (change a lever with dataclasses.replace). The autograd
     function and `launch_forward` / `launch_backward` take one; `default_policy()` is what users run.
 
-    pick: None = lmsys's tuner over flash_triton.CONFIGS (`flash_triton._tuned`: at most two fitting
-      configs timed once per shape class, the choice kept in memory and on disk); an int i = untimed, the
-      i-th (modulo their number) of the configs that fit, for each kernel.
-    configs: ((kernel, (Config, ...)), ...) that `pick` chooses from instead of flash_triton.CONFIGS (needs
+    pick: None = lmsys's tuner over flash_triton.CONFIGS, FP32_CONFIGS for fp32 (`flash_triton._tuned`: at
+      most two fitting configs timed once per shape class, the choice kept in memory and on disk); an int
+      i = untimed, the i-th (modulo their number) of the configs that fit, for each kernel.
+    configs: ((kernel, (Config, ...)), ...) that `pick` chooses from instead of those lists (needs
       a pick); a dict {kernel: [Config, ...]} is accepted and stored as such pairs.
-    wide_configs: `pick` chooses from flash_triton.WIDE_CONFIGS followed by CONFIGS (needs a pick).
+    wide_configs: `pick` chooses from flash_triton.WIDE_CONFIGS followed by the list above (needs a pick).
     deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
       backward where `flash_gluon.usable_backward` takes the inputs (Hopper, flash_gluon.HEAD_DIMS; strided
       views copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
@@ -69,6 +70,10 @@ class Policy:
     gluon_small_min_keys: ((causal, keys), ...): at head dims below 64 (16, 32) the Gluon kernels, forward
       and backward, run only from that many keys (measured on an H100 against the tl kernels: not causal
       faster from 8,192, causal from 16,384); d 64 and 128 are not limited by it.
+    host_bound_flops: a call whose forward is at most this many FLOPs (4·Z·H·n_q·n_k·d; 2³³: 8 × 1 × 2,048
+      keys at d 64, 1,024 at d 128 and 256, some 30 µs of kernels) is host-bound: it runs the tl kernels
+      without tensor descriptors, the launches that cost the host least (no descriptor to encode, no
+      scratch to allocate), whatever `gluon`, `tma` and `tma_backward` say. 0: never.
     """
 
     pick: int | None = None
@@ -85,6 +90,7 @@ class Policy:
     warp_spec_with_tma: bool = False
     wide_configs: bool = False
     gluon_small_min_keys: tuple = ((False, 8192), (True, 16384))
+    host_bound_flops: int = 2 ** 33
 
     def __post_init__(self):
         # dicts and lists kept as hashable pairs
@@ -110,11 +116,12 @@ class Policy:
         self.__dict__.update(state)
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
-    def configs_for(self, kernel: str) -> list:
-        """The configs `pick` chooses from for `kernel`."""
+    def configs_for(self, kernel: str, dtype=None) -> list:
+        """The configs `pick` chooses from for `kernel` at `dtype` (flash_triton.base_configs: fp32's own)."""
         if self.configs is not None:
             return list(dict(self.configs)[kernel])
-        return ft.WIDE_CONFIGS[kernel] + ft.CONFIGS[kernel] if self.wide_configs else ft.CONFIGS[kernel]
+        base = ft.base_configs(kernel, dtype)
+        return ft.WIDE_CONFIGS[kernel] + base if self.wide_configs else base
 
     def gluon_copy_from(self, d: int) -> float:
         """From how many keys strided inputs at head dim d are copied for the Gluon forward (inf: never)."""
@@ -142,6 +149,12 @@ def _first_fit(policy: Policy) -> Policy:
     return replace(policy, pick=0)  # cached: replace costs µs on every attention call
 
 
+@functools.lru_cache(maxsize=8)
+def _host_bound(policy: Policy) -> Policy:
+    """`policy` for a host-bound call (Policy.host_bound_flops): no tensor descriptors."""
+    return replace(policy, tma=False, tma_backward=False)
+
+
 # ------------------------------------------------------------------------------------------ inputs
 
 
@@ -165,8 +178,9 @@ def check_head_dim(d: int) -> None:
 @functools.lru_cache(maxsize=None)
 def _smallest_tiles(d_pad: int, elem: int) -> dict:
     """Shared-memory bytes of each kernel's cheapest config (cached: checked on every call)."""
-    return {kernel: min(ft._cost(kernel, c, d_pad, elem)[1] for c in configs)
-            for kernel, configs in ft.CONFIGS.items()}
+    dtype = torch.float32 if elem == 4 else None  # fp32 chooses from its own configs
+    return {kernel: min(ft._cost(kernel, c, d_pad, elem)[1] for c in ft.base_configs(kernel, dtype))
+            for kernel in ft.CONFIGS}
 
 
 def _check_shared_memory(d: int, dtype, device) -> None:
@@ -264,9 +278,14 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
     the copies cost less than the Gluon forward saves only there), and the one-launch backward where
     deterministic is False, or None with at least `policy.gluon_bwd_min_keys` keys, on contiguous copies.
     prepare (the backward only): a list that the compiles of the kernels it would run are appended to, from
-    stand-in outputs; nothing runs (see _precompile_backward)."""
+    stand-in outputs; nothing runs (see _precompile_backward). A host-bound call (`policy.host_bound_flops`)
+    runs the tl kernels without descriptors."""
+    Z, H, n_q, d = q4.shape
     n_k = k4.shape[2]
-    gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(q4.shape[-1], is_causal) else None
+    if 4 * Z * H * n_q * n_k * d <= policy.host_bound_flops:
+        gluon, policy = None, _host_bound(policy)
+    else:
+        gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(d, is_causal) else None
     if direction == "fwd":
         if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
                 and gluon.usable(q4, k4, v4, layout=False):
@@ -302,7 +321,7 @@ def _precompile_backward(q4, k4, v4, is_causal: bool, policy: Policy) -> None:
     kernels and configs, from stand-ins for o, L and dO shaped as the forward makes them. Their compiles then
     overlap the forward's own; launch_backward waits for what is still in flight. A warm call: one set
     lookup."""
-    key = (q4.shape, k4.shape, q4.dtype, q4.device, is_causal, policy)
+    key = (q4.shape, k4.shape, q4.dtype, q4.device, is_causal, policy, dot_precision(q4))
     if key in _PRECOMPILED or ft.INTERPRET or not precompile.allowed(q4.device):
         return
     _PRECOMPILED.add(key)

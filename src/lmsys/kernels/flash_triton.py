@@ -3,12 +3,10 @@ the tuner times per shape class, the choice kept on disk by lmsys.kernels.tuning
 hash) and the host launchers that run them on [Z, H, n, d] tensors under a `Policy`. lmsys.kernels.flash
 holds what callers run (Policy, the Gluon/tl dispatch, the backward precompile, FlashAttentionTriton, the
 custom ops); those names stay importable from here. How it works and where the defaults come from:
-docs/kernels.md.
-
-Limits: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv, any n_q, n_k >= 1,
-causal top-left aligned; head dims that are multiples of 8 from 16 to 256 in fp16 and bf16, up to 128 in
-fp32 (tf32x3 dots) and only where the smallest tile fits the GPU's shared memory. CUDA tensors, or CPU
-tensors under TRITON_INTERPRET=1 (set before this module is imported).
+docs/kernels.md. Limits: q [..., Hq, n_q, d], k and v [..., Hkv, n_k, d] with Hq a multiple of Hkv, any
+n_q, n_k >= 1, causal top-left aligned; head dims that are multiples of 8 from 16 to 256 in fp16 and bf16,
+up to 128 in fp32 (split dots: lmsys.kernels.dots), only where the smallest tile fits the GPU's shared
+memory. CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before this module is imported).
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from triton.runtime import _allocation  # which allocator this thread has (see _
 
 from lmsys.core.devices import capability, sm_count
 from lmsys.kernels import plans, triton_compat, triton_interpreted, tuning
+from lmsys.kernels.dots import dot_precision as _dot_precision  # fp32's split dots
 
 if TYPE_CHECKING:
     from lmsys.kernels.flash import Policy
@@ -264,6 +263,20 @@ WIDE_CONFIGS = {
 # tiles, with BLOCK_M != BLOCK_N both ways round.
 INTERPRETER_CONFIGS = {"fwd": [_config(32, 16, 4, 1)], "dkdv": [_config(16, 32, 4, 1)], "dq": [_config(32, 16, 4, 1)]}
 CONFIGS = INTERPRETER_CONFIGS if INTERPRET else GPU_CONFIGS
+# fp32 on a GPU: the fastest with bf16x6 dots on an H100 (d 64's first, then d 128's), GPU_CONFIGS' cheapest
+# last (docs/benchmarks/attention.md, "fp32 dots").
+FP32_GPU_CONFIGS = {
+    "fwd": [_config(128, 64, 8, 3), _config(128, 64, 8, 1), _config(64, 64, 4, 1), _config(64, 32, 4, 2)],
+    "dq": [_config(128, 64, 8, 3), _config(128, 32, 8, 1), _config(64, 64, 4, 1), _config(32, 32, 4, 2)],
+    "dkdv": [_config(32, 64, 4, 3), _config(32, 32, 4, 2), _config(32, 64, 4, 2)],
+}
+FP32_CONFIGS = INTERPRETER_CONFIGS if INTERPRET else FP32_GPU_CONFIGS
+
+
+def base_configs(kernel: str, dtype) -> list:
+    """The configs `kernel` chooses from at `dtype` without a Policy's own."""
+    return FP32_CONFIGS[kernel] if dtype == torch.float32 else CONFIGS[kernel]
+
 
 ACC_PER_THREAD = 128  # float32 accumulator registers per thread above which the kernel spills
 
@@ -288,7 +301,7 @@ def shared_memory(device) -> int | None:
 def _tile_budget(kernel: str):
     """(accumulator floats, shared-memory bytes) of a config for one kernel, as a function of the tiles
     (d: the padded head dim). The probability tile that feeds the second product is staged too, twice for
-    fp32 (tf32x3 splits it into high and low parts): so counted, the estimate matched what triton 3.6
+    fp32 (the split dots stage its parts): so counted, with tf32x3, the estimate matched what triton 3.6
     asked for at d 128 in fp32 on an H200. At d 256 in fp32 it asked for more than any config's estimate:
     hence FP32_MAX_HEAD_DIM."""
 
@@ -309,8 +322,7 @@ def _tile_budget(kernel: str):
 
 def _cost(kernel: str, config: triton.Config, d_pad: int, elem: int) -> tuple[float, int]:
     """(accumulator floats per thread, shared-memory bytes) of `config` for `kernel`."""
-    acc, smem = _tile_budget(kernel)(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], d_pad, config.num_stages,
-                                     elem)
+    acc, smem = _tile_budget(kernel)(*_tiles(config)[:2], d_pad, config.num_stages, elem)
     return acc / (32 * config.num_warps), smem
 
 
@@ -333,9 +345,8 @@ WARP_SPEC_MIN_WARPS = 8
 def warp_spec_configs(configs: list, *, d_pad: int, elem: int, smem: int | None) -> list:
     """The forward configs a warp-specialised forward can run: enough warps for the pass, and fitting
     (none: the forward runs without warp specialisation). All of them under the interpreter."""
-    if INTERPRET:
-        return list(configs)
-    return [c for c in configs if c.num_warps >= WARP_SPEC_MIN_WARPS and _fits("fwd", c, d_pad, elem, smem)]
+    return list(configs) if INTERPRET else [c for c in configs if c.num_warps >= WARP_SPEC_MIN_WARPS
+                                            and _fits("fwd", c, d_pad, elem, smem)]
 
 
 def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> list:
@@ -347,24 +358,23 @@ def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> li
 
 
 TUNED_CANDIDATES = 2  # configs the tuner times per kernel and shape class, at most
-# At padded head dims above 64 the tuner tries first the config a sweep found best at d 128 (bf16, causal,
-# seq 16384: docs/benchmarks/attention.md, "Autotune configs"); at 64 and below, GPU_CONFIGS' order (its
-# first entries are the best at d 64).
+# At padded head dims above 64 (not fp32) the tuner tries first the config a sweep found best at d 128 (bf16,
+# causal, seq 16384: docs/benchmarks/attention.md, "Autotune configs"); elsewhere its list's order.
 WIDE_HEAD_FIRST = {"fwd": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}
 
 
-def _shortlist(kernel: str, fitting: list, *, d_pad: int, rows: int, heads: int, programs: int) -> list:
+def _shortlist(kernel: str, fitting: list, *, d_pad: int, rows: int, heads: int, programs: int,
+               fp32: bool = False) -> list:
     """The configs of `fitting` the tuner times (at most TUNED_CANDIDATES): the preferred one; then, where
     its grid over `rows` (query rows, key rows for dK/dV) and `heads` leaves some of `programs` (SMs)
     idle, the preferred one with a smaller tile along the rows, else the next preferred one."""
-    first = WIDE_HEAD_FIRST[kernel] if d_pad > 64 else None
+    first = WIDE_HEAD_FIRST[kernel] if d_pad > 64 and not fp32 else None  # fp32: its own list's order
     order = sorted(fitting, key=lambda c: _tiles(c) != first)  # stable: the rest keep their order
     side = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
     best = order[0]
-    if _cdiv(rows, best.kwargs[side]) * heads < programs:
-        smaller = [c for c in order if c.kwargs[side] < best.kwargs[side]]
-        if smaller:
-            return [best, smaller[0]]
+    smaller = [c for c in order if c.kwargs[side] < best.kwargs[side]]
+    if _cdiv(rows, best.kwargs[side]) * heads < programs and smaller:
+        return [best, smaller[0]]
     return order[:TUNED_CANDIDATES]
 
 
@@ -372,24 +382,23 @@ def _tiles(config: triton.Config) -> tuple:
     return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
-def _kernels() -> dict:
-    """The tuned kernels by name (defined below)."""
+def _kernels() -> dict:  # the tuned kernels by name (defined below)
     return {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
 def _launch(kernel: str, grid, args: tuple, consts: dict, policy: Policy, q: torch.Tensor, *, shape: tuple,
             names: tuple = (), reset=None, prepare: list | None = None) -> str:
     """Run `kernel` as `policy` says; the tiles it ran, "BLOCK_M×BLOCK_N". shape: (Z, H, GROUP, n_q, n_k);
-    names: the tensors among the leading args, by name (see plans.launch);
-    reset: what undoes a run's accumulation before the next (the atomic backward's dQ.zero_), for timing.
+    names: the tensors among the leading args, by name (see plans.launch); reset: what undoes a run's
+    accumulation before the next (the atomic backward's dQ.zero_), for timing.
     prepare: a list to append the compiles (warmups) of what would run to, instead of running it."""
     fn = _kernels()[kernel]
     if policy.pick is None:
         if policy.configs is not None or policy.wide_configs:
-            raise ValueError("Policy.configs or wide_configs needs a pick (the tuner times CONFIGS only)")
+            raise ValueError("Policy.configs or wide_configs needs a pick (the tuner times its own lists only)")
         config = _tuned(kernel, fn, grid, args, consts, q, shape, reset, prepare)
     else:
-        fitting = _candidates(kernel, policy.configs_for(kernel), consts, q)
+        fitting = _candidates(kernel, policy.configs_for(kernel, q.dtype), consts, q)
         config = fitting[policy.pick % len(fitting)]
     if prepare is not None:
         if config is not None:  # None: _tuned added its shortlist
@@ -412,7 +421,8 @@ def _stamp() -> dict:
 
 TUNER = tuning.Tuner("flash_triton", _stamp)
 # The constants of a shape class besides the lengths (the dtype and the device are keyed apart)
-_CLASS_CONSTS = ("HEAD_DIM_PAD", "IS_CAUSAL", "USE_TMA", "WARP_SPEC", "PERSISTENT", "ATOMIC_DQ", "TMA_DQ")
+_CLASS_CONSTS = ("HEAD_DIM_PAD", "IS_CAUSAL", "USE_TMA", "WARP_SPEC", "PERSISTENT", "ATOMIC_DQ", "TMA_DQ",
+                 "DOT_PRECISION")
 MIN_ROWS, MAX_ROWS = 64, 16384  # lengths are bucketed to powers of two in this range
 MAX_HEADS = 256  # batch × heads, bucketed alike from 1
 
@@ -438,11 +448,11 @@ def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, sh
     config = TUNER.memory.get(key)
     if config is not None:
         return config
-    fitting = _candidates(kernel, CONFIGS[kernel], consts, q)
+    fitting = _candidates(kernel, base_configs(kernel, q.dtype), consts, q)
     rows, heads = (key[-3], key[-2] // key[-1]) if kernel == "dkdv" else (key[-4], key[-2])
     programs = sm_count(q.device) if q.device.type == "cuda" else INTERPRETER_PROGRAMS
     shortlist = _shortlist(kernel, fitting, d_pad=consts["HEAD_DIM_PAD"], rows=rows, heads=max(heads, 1),
-                           programs=programs)
+                           programs=programs, fp32=q.dtype == torch.float32)
 
     def run(config):
         if reset is not None:
@@ -734,10 +744,6 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
 # ------------------------------------------------------------------------------------- launchers
 
 
-def _dot_precision(dtype) -> str:
-    return "tf32x3" if dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit inputs
-
-
 def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
@@ -749,9 +755,7 @@ def _tma_usable(policy: Policy, *tensors: torch.Tensor, backward: bool = False) 
     if not (policy.tma_backward if backward else policy.tma) or not hasattr(tl, "make_tensor_descriptor"):
         return False
     device = tensors[0].device
-    if device.type == "cuda" and capability(device)[0] < 9:
-        return False
-    if device.type != "cuda" and not INTERPRET:
+    if capability(device)[0] < 9 if device.type == "cuda" else not INTERPRET:
         return False
     return all(t.data_ptr() % 16 == 0 and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
                for t in tensors)  # s > 0: an expanded dO (stride 0) is not a descriptor the driver documents
@@ -777,9 +781,7 @@ INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no
 def _persistent_programs(device) -> int:
     """Programs of the persistent forward grid: one per SM on a GPU."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return INTERPRETER_PROGRAMS
-    return sm_count(device)
+    return sm_count(device) if device.type == "cuda" else INTERPRETER_PROGRAMS
 
 
 def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
@@ -803,10 +805,10 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
     warp_spec = (bool(policy.warp_specialize) and (not use_tma or policy.warp_spec_with_tma)
-                 and bool(warp_spec_configs(policy.configs_for("fwd"), d_pad=head_dim_pad(d),
+                 and bool(warp_spec_configs(policy.configs_for("fwd", q4.dtype), d_pad=head_dim_pad(d),
                                             elem=q4.element_size(), smem=shared_memory(q4.device))))
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma, WARP_SPEC=warp_spec,
+                  DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma, WARP_SPEC=warp_spec,
                   PERSISTENT=persistent)
     with _device_guard(q4.device):
         tiles = _launch("fwd", grid, args, consts, policy, q4, shape=(Z, H, H // k4.shape[1], n_q, n_k),
@@ -815,8 +817,7 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
 
 
 def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
-    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], by itself (the one-launch backwards need all of it first).
-    prepare: see _launch."""
+    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], alone: the one-launch backwards need it whole. prepare: as _launch."""
     Z, H, n_q, d = o4.shape
     delta = plans.alloc("delta", (Z, H, n_q), torch.float32, o4.device)
     block = 16 if INTERPRET else 64
@@ -846,7 +847,7 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     if use_tma and q4.device.type == "cuda" and prepare is None:
         _set_tma_allocator()
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q4.dtype), USE_TMA=use_tma)
+                  DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma)
     shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):
@@ -874,8 +875,7 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
                               {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4,
                               shape=(Z, *shapes[:2], n_q, n_k),
                               names=("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq"),
-                              reset=dq4.zero_ if atomic else None,
-                              prepare=prepare)
+                              reset=dq4.zero_ if atomic else None, prepare=prepare)
     if prepare is not None:
         return None
     # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match

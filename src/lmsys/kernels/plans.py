@@ -2,10 +2,11 @@
 
 Everything a flash-triton call decides besides the tensors' addresses (the Gluon or tl kernel, the config
 the tuner chose, the grid, the strides and lengths passed, whether TMA runs, the outputs to allocate) is a
-function of the inputs' shapes, strides, dtypes, device and 16-byte alignment, `is_causal`, the `Policy`
-and Triton's debug knobs. The first call with such a key runs the normal path (lmsys.kernels.flash) with a
-`recording` on: every launch goes through `launch` (which records the CompiledKernel that Triton's
-`JITFunction.run` returned, the grid and every argument) and every output through `alloc`. `Plan.build`
+function of the inputs' shapes, strides, dtypes, device and 16-byte alignment, `is_causal`, the `Policy`,
+torch's float32 matmul precision (fp32's dots) and Triton's debug knobs. The first call with such a key
+runs the normal path (lmsys.kernels.flash) with a `recording` on: every launch goes through `launch`
+(which records the CompiledKernel that Triton's `JITFunction.run` returned, the grid and every argument)
+and every output through `alloc`. `Plan.build`
 turns that into a plan; a later call with the same key (`lookup`) allocates the outputs and calls each
 CompiledKernel's launcher directly, as `JITFunction.run` does after its own cache lookup, without the
 launchers' Python, the tuner lookups, the descriptor checks and Triton's per-argument specialization.
@@ -39,6 +40,7 @@ from triton import knobs as _knobs
 from triton.runtime import driver as _driver
 
 from lmsys.kernels import triton_interpreted
+from lmsys.kernels.dots import matmul_precision
 
 INTERPRET = triton_interpreted()
 # plans on by default only where kernels are compiled; LMSYS_FLASH_PLANS=0: every call the normal path
@@ -102,11 +104,12 @@ def contiguous(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def key(head: tuple, tensors) -> tuple:
-    """A plan's key: `head` (direction, causal, policy), Triton's knobs that enter its own kernel key, and
-    each tensor's shape, strides, dtype, device and 16-byte alignment (one flat tuple: this runs on every
-    call)."""
+    """A plan's key: `head` (direction, causal, policy), Triton's knobs that enter its own kernel key, torch's
+    float32 matmul precision (fp32's dots follow it: lmsys.kernels.dots), and each tensor's shape,
+    strides, dtype, device and 16-byte alignment (one flat tuple: this runs on every call)."""
     runtime = _knobs.runtime
-    parts = [head, runtime.debug, getattr(_knobs.compilation, "instrumentation_mode", None)]
+    parts = [head, runtime.debug, getattr(_knobs.compilation, "instrumentation_mode", None),
+             matmul_precision()]
     for t in tensors:
         parts += (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
     return tuple(parts)
