@@ -14,10 +14,9 @@
 #                sdpa-efficient, compiled) FP32_REPEATS times (default 1) -> table_fp32_N.json, with plots
 #   short        the backward at b8 h1 s8192 d64 bf16 causal: flash-triton's levers beside cuDNN, and the
 #                profiler's kernels of one fwd+bwd of each (grid, ms) -> short.md, short_kernels.txt
-#   host         per-call host µs (issue 43 item 3): `bench attention`'s host µs column at 256 and 1,024 keys
-#                and the issue's cells (b8 h1 8192 d64 causal; the leaderboard b1 h16 16384 d64), flash-triton
-#                with its launch plans, without (LMSYS_FLASH_PLANS=0: the path before them), sdpa-cudnn and
-#                sdpa-flash -> host.md (the forward alone and cProfile's top: the probe in docs/kernels.md, "Host overhead")
+#   host         per-call host µs (issue 43 item 3): `bench attention` at b8 h1, 256 to 4,096 keys, d 16/64/128,
+#                causal and not, flash-triton's host-bound dispatch (Policy.host_bound_flops) beside the path
+#                before it (0) and a threshold 4x higher, sdpa-cudnn and sdpa-flash; the leaderboard -> host.md
 #   hostprof     host_profile.txt: one warm fwd+bwd at 256 keys causal and not: what ran, the plans' hits,
 #                cProfile's top 12 (also run by host)
 #   byo          issue 41: flash check --adapters with the CS336-layout fixtures (Triton compiled), and the
@@ -94,16 +93,12 @@ if part byo; then
   T=60 run byo.md flash check --device cuda --adapters $A/adapters_missing_scale.py --impl yours-torch --tier contract
 fi
 if part host; then
-  HOST="bench attention --device cuda --dtype bf16 --batch-size 8 --heads 1 --d-head 64 --warmup 10 --steps 30"
+  HOST="bench attention --device cuda --dtype bf16 --batch-size 8 --heads 1 --d-head 16,64,128 --warmup 10 --steps 30"
   for c in --causal --no-causal; do
-    T=90 run host.md $HOST $c --context-length 256,1024 --impl flash-triton,sdpa-cudnn,sdpa-flash
-    echo "(the next table: LMSYS_FLASH_PLANS=0, flash-triton without its launch plans)" >> "$OUT/host.md"
-    LMSYS_FLASH_PLANS=0 T=60 run host.md $HOST $c --context-length 256,1024 --impl flash-triton
+    T=150 run host.md $HOST $c --context-length 256,1024,2048,4096 --impl flash-triton,sdpa-cudnn,sdpa-flash \
+      --policy host_bound_flops=0 --policy host_bound_flops=34359738368
   done
-  T=90 run host.md $HOST --causal --context-length 8192 --impl flash-triton,sdpa-cudnn,sdpa-flash
   T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
-  echo "(the next table: LMSYS_FLASH_PLANS=0)" >> "$OUT/host.md"
-  LMSYS_FLASH_PLANS=0 T=60 run host.md $BOARD --impl flash-triton
 fi
 if part host || part hostprof; then
   # the host time of one warm fwd+bwd at 8 x 1 x 256 d 64, causal and not, with a gradient as bench attention
