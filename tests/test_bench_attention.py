@@ -38,6 +38,18 @@ def test_bench_attention_rows_and_flops(lmsys):
         assert row["peak fwd MiB"] is None  # memory is a GPU column
         assert row["host µs"] > 0 and list(row)[-2:] == ["host µs", "status"]
     assert any("host µs: median host time to issue one forward+backward" in note for note in doc["notes"])
+    assert not any("fp32 dots" in note for note in doc["notes"])  # no flash-triton here
+
+
+def test_bench_attention_says_what_flash_tritons_fp32_dots_are(lmsys):
+    """fp32 with flash-triton: a note names its dots' precision (tf32x3 under the interpreter) and torch's
+    setting it follows."""
+    r = lmsys("bench", "attention", "--device", "cpu", "--impl", "flash-triton", "--d-head", "16", "--seq-len", "40",
+              "--batch", "1", "--heads", "1", "--warmup", "0", "--steps", "1", "--format", "json")
+    assert r.code == 0, r.err
+    notes = json.loads(r.out)["notes"]
+    assert any(note.startswith("flash-triton's fp32 dots: tf32x3 (torch's float32 matmul precision 'highest'")
+               for note in notes), notes
 
 
 def test_host_us_is_the_median_issue_time_of_min_host_calls_steps(monkeypatch):

@@ -551,6 +551,11 @@ def attention_report(run: AttentionRun):
                  "fp32 1e-4 (your attention's on a GPU: 1e-2, the handout's), bf16/fp16 2e-2; `wrong (...)` names the tensors beyond it, and the command exits 1.")
     notes.append("host µs: median host time to issue one forward+backward on an idle device, after the timed "
                  "steps; near fwd+bwd ms × 1000 the row is host-bound (on a CPU: the whole step).")
+    if any(s.dtype == "fp32" and any(attention_spec(i).triton_kernel for i in s.impls) for s in sweeps):
+        from lmsys.kernels.dots import fp32_dots, matmul_precision
+
+        notes.append(f"flash-triton's fp32 dots: {fp32_dots(run.device)} (torch's float32 matmul precision "
+                     f"{matmul_precision()!r}: bf16x6 at 'highest', bf16x3 at 'high'; lmsys.kernels.dots).")
     report = Report("bench attention", rows, meta, notes)
     if run.plot is not None:
         title = f"attention fwd+bwd, {describe_sweeps(sweeps).split(', warmup')[0]}"
