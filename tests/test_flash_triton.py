@@ -401,6 +401,7 @@ def test_shared_memory_comes_from_the_device(monkeypatch):
     assert flash_triton.shared_memory("cpu") is None
     monkeypatch.setattr(flash_triton, "shared_memory", lambda device: 16 * 1024)
     monkeypatch.setattr(flash_triton, "CONFIGS", flash_triton.GPU_CONFIGS)
+    monkeypatch.setattr(flash_triton, "FP32_CONFIGS", flash_triton.FP32_GPU_CONFIGS)  # fp32's own list
     flash_triton._smallest_tiles.cache_clear()
     with pytest.raises(LmsysError, match="needs .* bytes of shared memory .* this GPU offers 16384"):
         flash_triton._check_shared_memory(128, torch.float32, "cpu")

@@ -5,7 +5,7 @@ faster on Hopper, whose wgmma takes bf16 operands in any layout); "high" and "me
 products (bf16x3: about 16 mantissa bits, what torch names for "high"). tf32x3 where Triton's CUDA backend
 has no bf16 splits, on GPUs without bf16 tensor cores (compute capability < 8), off a GPU and always under
 Triton's interpreter (which knows only tf32, tf32x3 and ieee). The H100 measurements (error against float64,
-time by config): docs/benchmarks/attention.md, "fp32 dots".
+time by config): docs/benchmarks/attention-h100-tables.md, "fp32 dots".
 """
 
 from __future__ import annotations

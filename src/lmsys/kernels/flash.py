@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.flops import attention_flops
 from lmsys.kernels import flash_triton as ft  # names read at each call: patching INTERPRET, CONFIGS... there holds
 from lmsys.kernels import plans, precompile, tuning
 from lmsys.kernels.dots import dot_precision
@@ -176,10 +177,9 @@ def check_head_dim(d: int) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _smallest_tiles(d_pad: int, elem: int) -> dict:
-    """Shared-memory bytes of each kernel's cheapest config (cached: checked on every call)."""
-    dtype = torch.float32 if elem == 4 else None  # fp32 chooses from its own configs
-    return {kernel: min(ft._cost(kernel, c, d_pad, elem)[1] for c in ft.base_configs(kernel, dtype))
+def _smallest_tiles(d_pad: int, dtype) -> dict:
+    """Shared-memory bytes of each kernel's cheapest config at `dtype` (cached: checked on every call)."""
+    return {kernel: min(ft._cost(kernel, c, d_pad, dtype.itemsize)[1] for c in ft.base_configs(kernel, dtype))
             for kernel in ft.CONFIGS}
 
 
@@ -188,7 +188,7 @@ def _check_shared_memory(d: int, dtype, device) -> None:
     smem = ft.shared_memory(device)
     if smem is None:
         return
-    for kernel, need in _smallest_tiles(ft.head_dim_pad(d), dtype.itemsize).items():
+    for kernel, need in _smallest_tiles(ft.head_dim_pad(d), dtype).items():
         if need > smem:
             raise LmsysError(f"flash-triton: head dim {d} in {dtype} needs {need} bytes of shared memory per "
                              f"block ({kernel} kernel, smallest tile); this GPU offers {smem}",
@@ -282,7 +282,8 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
     runs the tl kernels without descriptors."""
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[2]
-    if 4 * Z * H * n_q * n_k * d <= policy.host_bound_flops:
+    if attention_flops(batch=Z, heads=H, n_queries=n_q, n_keys=n_k, d_head=d, causal=False,
+                       direction="fwd") <= policy.host_bound_flops:
         gluon, policy = None, _host_bound(policy)
     else:
         gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(d, is_causal) else None

@@ -264,7 +264,7 @@ WIDE_CONFIGS = {
 INTERPRETER_CONFIGS = {"fwd": [_config(32, 16, 4, 1)], "dkdv": [_config(16, 32, 4, 1)], "dq": [_config(32, 16, 4, 1)]}
 CONFIGS = INTERPRETER_CONFIGS if INTERPRET else GPU_CONFIGS
 # fp32 on a GPU: the fastest with bf16x6 dots on an H100 (d 64's first, then d 128's), GPU_CONFIGS' cheapest
-# last (docs/benchmarks/attention.md, "fp32 dots").
+# last (docs/benchmarks/attention-h100-tables.md, "fp32 dots").
 FP32_GPU_CONFIGS = {
     "fwd": [_config(128, 64, 8, 3), _config(128, 64, 8, 1), _config(64, 64, 4, 1), _config(64, 32, 4, 2)],
     "dq": [_config(128, 64, 8, 3), _config(128, 32, 8, 1), _config(64, 64, 4, 1), _config(32, 32, 4, 2)],

@@ -6,9 +6,8 @@ function of the inputs' shapes, strides, dtypes, device and 16-byte alignment, `
 torch's float32 matmul precision (fp32's dots) and Triton's debug knobs. The first call with such a key
 runs the normal path (lmsys.kernels.flash) with a `recording` on: every launch goes through `launch`
 (which records the CompiledKernel that Triton's `JITFunction.run` returned, the grid and every argument)
-and every output through `alloc`. `Plan.build`
-turns that into a plan; a later call with the same key (`lookup`) allocates the outputs and calls each
-CompiledKernel's launcher directly, as `JITFunction.run` does after its own cache lookup, without the
+and every output through `alloc`. `Plan.build` turns that into a plan; a later call with the same key
+(`lookup`) allocates the outputs and calls each CompiledKernel's launcher directly, as `JITFunction.run` does after its own cache lookup, without the
 launchers' Python, the tuner lookups, the descriptor checks and Triton's per-argument specialization.
 
 Why the key is enough: Triton specializes a kernel on its arguments' types, on pointers' and integers'
@@ -22,8 +21,9 @@ interpreter (tests turn it on: the plan then replays its arguments through Trito
 with LMSYS_FLASH_PLANS=0 (the path before plans, for comparison: `bench attention`'s `host µs` under either).
 
 The rule for launchers: a plan replays only `alloc`, `launch` and `contiguous` (a copy of an input). Work
-on tensors done any other way on a path that can be recorded (a torch op on an output, a copy kept) is not replayed: route it through them,
-or make sure it leaves the call's tensors other than the inputs (a copy fails the address check above).
+on tensors done any other way on a path that can be recorded (a torch op on an output, a copy kept) is not
+replayed: route it through them, or make sure it leaves the call's tensors other than the inputs (a copy
+fails the address check above).
 """
 
 from __future__ import annotations

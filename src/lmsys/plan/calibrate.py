@@ -236,8 +236,6 @@ def measure_collectives(c: Calibration) -> None:
     c.rows += comm_rows
 
 
-
-
 def _matmul_shapes(m: ModelShape, *, tokens: int) -> dict:
     """{(M, K, N): the names of `m`'s matmuls of that shape} (a block's and the LM head's)."""
     out: dict = {}
@@ -613,10 +611,9 @@ def sustain_dtypes(dtypes: list[str]) -> list[str]:
 
 def measure_sustained(c: Calibration) -> None:
     """With `sustain` seconds: the rate the models' GEMMs keep when a training run issues them back to back
-    (`gemm_sustained`): per 16-bit dtype (fp32 where none is calibrated), `sustain` seconds of the largest GEMM
-    first (the clock settles at
-    the power limit: on an H200 within a few seconds), then each forward GEMM shape for about a second of
-    calls, timed as one region. Rows [M, K, N, burst TFLOP/s (calibrate's), sustained TFLOP/s]; `fraction`:
+    (`gemm_sustained`): per 16-bit dtype (fp32 where none is calibrated), `sustain` seconds of the largest
+    GEMM first (the clock settles at the power limit: on an H200 within a few seconds), then each forward
+    GEMM shape for about a second of calls, timed as one region. Rows [M, K, N, burst TFLOP/s (calibrate's), sustained TFLOP/s]; `fraction`:
     all their FLOPs over all their time, over the dense peak the GPU table gives (None: a part it lacks);
     the SM clock, power and temperature after it (nvidia-smi, where there is one)."""
     import time
