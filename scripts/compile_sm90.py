@@ -129,7 +129,7 @@ def constants(kernel: str, d: int, dtype: str, causal: bool, args) -> dict:
     if kernel == "fwd":
         return {**common, "USE_TMA": args.tma, "WARP_SPEC": args.warp_specialize, "PERSISTENT": args.persistent}
     if kernel == "dkdv":
-        return {**common, "ATOMIC_DQ": args.atomic, "USE_TMA": args.tma,
+        return {**common, "ATOMIC_DQ": args.atomic, "USE_TMA": args.tma, "WITH_DQ": args.fused and not args.atomic,
                 "TMA_DQ": args.atomic and args.tma and not args.element_atomics}
     return {**common, "USE_TMA": args.tma}
 
@@ -147,10 +147,11 @@ def main(argv=None) -> int:
     p.add_argument("--warp-specialize", action="store_true")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--atomic", action="store_true", help="the one-launch backward (deterministic=False)")
+    p.add_argument("--fused", action="store_true", help="dkdv with the dQ programs (Policy.fused_backward)")
     p.add_argument("--dump", help="a folder for each kernel's PTX without its source-line records")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__}, target sm_90; flags: "
-          + (", ".join(f for f in ("tma", "warp_specialize", "persistent", "atomic") if getattr(args, f)) or "none"))
+          + (", ".join(f for f in ("tma", "warp_specialize", "persistent", "atomic", "fused") if getattr(args, f)) or "none"))
     print("| kernel | d | dtype | causal | config | fits (estimate) | compiled | shared KiB |")
     print("|---|---|---|---|---|---|---|---|")
     failed = 0

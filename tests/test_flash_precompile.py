@@ -83,19 +83,21 @@ def _prepare_then_run(log, q, k, v, policy):
     return compiled, list(log)
 
 
-@pytest.mark.parametrize("deterministic", [None, False])
-def test_the_precompile_compiles_what_the_backward_launches(compiled, deterministic):
-    """The two atomics-free kernels (dQ, dK/dV), or the atomic path's preprocess and dK/dV: the same
-    arguments, constants, config and grid as the real launches, with stand-ins for o, L, dO and the outputs."""
-    policy = replace(flash_triton.default_policy(), gluon=False, deterministic=deterministic)
+@pytest.mark.parametrize("mode, kernels", [("two", ["_attn_bwd_dq", "_attn_bwd_dkdv"]), ("fused", ["_attn_bwd_dkdv"]),
+                                           ("atomic", ["_attn_bwd_preprocess", "_attn_bwd_dkdv"])])
+def test_the_precompile_compiles_what_the_backward_launches(compiled, mode, kernels):
+    """The two atomics-free kernels (dQ, dK/dV), the fused one (a host-bound call's: dK/dV with the dQ
+    programs), or the atomic path's preprocess and dK/dV: the same arguments, constants, config and grid as
+    the real launches, with stand-ins for o, L, dO and the outputs."""
+    policy = replace(flash_triton.default_policy(), gluon=False, deterministic=False if mode == "atomic" else None,
+                     fused_backward=False if mode == "two" else None)  # _inputs() is host-bound
     prepared, real = _prepare_then_run(compiled, *_inputs(), policy)
     launches = [(name, seen) for how, name, seen in real if how == "launch"]
     assert [(name, seen) for _, name, seen in prepared] == launches
-    names = [name for name, _ in launches]
-    assert names == (["_attn_bwd_dq", "_attn_bwd_dkdv"] if deterministic is None
-                     else ["_attn_bwd_preprocess", "_attn_bwd_dkdv"])
+    assert [name for name, _ in launches] == kernels
     dkdv = dict(launches[-1][1][1])
-    assert dkdv["ATOMIC_DQ"] is (deterministic is False) and dkdv["BLOCK_M"] == 16 and dkdv["BLOCK_N"] == 32
+    assert dkdv["ATOMIC_DQ"] is (mode == "atomic") and dkdv["WITH_DQ"] is (mode == "fused")
+    assert dkdv["BLOCK_M"] == 16 and dkdv["BLOCK_N"] == 32
 
 
 def test_a_class_the_tuner_would_time_compiles_its_shortlist_untimed(compiled, monkeypatch):
@@ -103,7 +105,7 @@ def test_a_class_the_tuner_would_time_compiles_its_shortlist_untimed(compiled, m
     neither; the real call then times them (on its thread) and launches the faster, one of those compiled.
     Where the choice is known (on disk), only that one is compiled."""
     monkeypatch.setitem(flash_triton.CONFIGS, "dq", [_config(16, 16, 4, 1), _config(32, 16, 4, 1)])
-    policy = replace(flash_triton.default_policy(), gluon=False, deterministic=True)
+    policy = replace(flash_triton.default_policy(), gluon=False, deterministic=True, fused_backward=False)
     q, k, v = _inputs()
     prepared, real = _prepare_then_run(compiled, q, k, v, policy)
     dq_prepared = [seen for _, name, seen in prepared if name == "_attn_bwd_dq"]

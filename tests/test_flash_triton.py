@@ -145,13 +145,34 @@ def test_atomic_backward_matches_float64(case):
     assert set(ran) == {"fwd", "dkdv"}  # no dQ kernel ran
 
 
+# Policy.fused_backward: None (the default: fused in host-bound calls, as every test input here is), False
+# (the two atomics-free kernels), True with descriptors off (the fused one on a call not host-bound).
+BACKWARDS = {None: {"fwd", "dkdv+dq"}, False: {"fwd", "dq", "dkdv"}, True: {"fwd", "dkdv+dq"}}
+
+
+@pytest.mark.parametrize("fused", list(BACKWARDS))
+@pytest.mark.parametrize("case", [((2,), 4, 1, 37, 29, 32, True, torch.float32),  # GQA, n_q > n_k
+                                  ((1,), 3, 3, 1, 47, 64, False, torch.bfloat16),  # one query
+                                  ((), 2, 1, 50, 83, 40, True, torch.float16),  # padded d, n_q < n_k, causal
+                                  ((1,), 1, 1, 33, 1, 16, False, torch.float32)])  # one key
+def test_each_atomics_free_backward_matches_float64(fused, case):
+    """The fused backward (dK/dV programs then dQ programs in one launch, each computing D) and the two
+    kernels: each against float64 at awkward shapes, and `ran` names what ran."""
+    lead, hq, hkv, n_q, n_k, d, causal, dtype = case
+    policy = replace(flash_triton.default_policy(), fused_backward=fused,
+                     host_bound_flops=0 if fused else flash_triton.default_policy().host_bound_flops)
+    ran = _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + n_k), causal, TOL[dtype],
+                           policy=policy)
+    assert set(ran) == BACKWARDS[fused]
+
+
 @pytest.mark.skipif(not flash_triton.INTERPRET, reason="interpreter configs (the GPU test tunes for real)")
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_backward_under_a_real_tuner_run(deterministic, monkeypatch, tmp_path):
+@pytest.mark.parametrize("deterministic, fused, timings", [(True, False, 4), (False, None, 2), (True, None, 2)])
+def test_backward_under_a_real_tuner_run(deterministic, fused, timings, monkeypatch, tmp_path):
     """The tuner with two configs per backward kernel: each timed run is launched twice (a stub bench), so
     a dQ the timing adds into (the atomic backward's, reset before each run and after the timing), or a
     dQ the timing's reset would wipe after the dQ kernel ran (the dQ kernel runs first), shows in the
-    result. GQA and a padded head dim."""
+    result; the fused backward is timed once per config. GQA and a padded head dim."""
     timed = []
 
     def bench(run):
@@ -167,8 +188,8 @@ def test_backward_under_a_real_tuner_run(deterministic, monkeypatch, tmp_path):
         monkeypatch.setitem(flash_triton.CONFIGS, name, [flash_triton._config(m, n, 4, 1) for m, n in configs])
     lead, hq, hkv, n_q, n_k, d, causal, dtype = GQA_CASES[1]
     _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=5), causal, TOL[dtype],
-                     deterministic=deterministic, policy=flash_triton.default_policy())
-    assert len(timed) == (2 if deterministic is False else 4)  # it did time (dQ too without atomics)
+                     deterministic=deterministic, policy=replace(flash_triton.default_policy(), fused_backward=fused))
+    assert len(timed) == timings  # it did time (the dQ kernel too where it runs alone)
 
 
 @pytest.mark.skipif(not hasattr(tl_lang(), "make_tensor_descriptor"), reason="triton without tensor descriptors")
@@ -182,15 +203,18 @@ def test_tensor_descriptors_and_warp_specialised_forward_match_float64(case, det
     then the warp-specialised forward alone."""
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     q, k, v = _gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q)
-    policy = flash_triton.Policy(tma=True, tma_backward=True, warp_specialize=True)
+    policy = flash_triton.Policy(tma=True, tma_backward=True, warp_specialize=True, host_bound_flops=0)
     hopper = DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9
     q_, k_, v_ = (x.to(DEVICE) for x in (q, k, v))  # where the kernels run
     assert flash_triton._tma_usable(policy, q_, k_, v_) == hopper
     assert flash_triton._tma_usable(policy, q_, k_, v_, backward=True) == hopper
     assert not flash_triton._tma_usable(flash_triton.Policy(tma=True), q_, k_, v_, backward=True)
-    _run_and_compare(q, k, v, causal, TOL[dtype], deterministic=deterministic, policy=policy)
+    ran = _run_and_compare(q, k, v, causal, TOL[dtype], deterministic=deterministic, policy=policy)
+    assert set(ran) == ({"fwd", "dq", "dkdv"} if deterministic else {"fwd", "dkdv"})
+    if deterministic:  # the fused backward's O tiles through descriptors too
+        _run_and_compare(q, k, v, causal, TOL[dtype], policy=replace(policy, fused_backward=True))
     _run_and_compare(q, k, v, causal, TOL[dtype], deterministic=deterministic,
-                     policy=flash_triton.Policy(warp_specialize=True))
+                     policy=flash_triton.Policy(warp_specialize=True, host_bound_flops=0))
     # an expanded (stride-0) tensor is never handed to a descriptor
     assert not flash_triton._tma_usable(policy, q_, k_, q_[..., :1, :].expand_as(q_), backward=True)
 
@@ -421,7 +445,10 @@ def test_gpu_long_awkward_shapes(d, dtype, causal, monkeypatch):
         pytest.skip("d 16, 32, 256: bf16 causal only (compile time)")
     monkeypatch.setenv("LMSYS_FLASH_AUTOTUNE", "0")
     n_q, n_k = (777, 777) if causal else (517, 1331)
-    _run_and_compare(*_inputs((2, 3), n_q, n_k, d, dtype, seed=d), causal, TOL[dtype])
+    inputs = _inputs((2, 3), n_q, n_k, d, dtype, seed=d)
+    assert "dkdv+dq" in _run_and_compare(*inputs, causal, TOL[dtype])  # host-bound: the fused backward
+    policy = replace(flash_triton.default_policy(), host_bound_flops=0)  # descriptors, Gluon where it runs
+    assert "dkdv+dq" not in _run_and_compare(*inputs, causal, TOL[dtype], policy=policy)
 
 
 @pytest.mark.gpu
@@ -453,8 +480,12 @@ def test_gpu_every_config_is_correct(kernel, case):
         # the first dK/dV config needs 328,704 bytes of shared memory, the H200 has 232,448)
         configs = {**{name: fitting(name)[:1] for name in flash_triton.CONFIGS}, kernel: [config]}
         try:
-            _run_and_compare(q, k, v, causal, TOL[dtype],  # the shipped levers (descriptor backward)
-                             policy=replace(flash_triton.default_policy(), pick=0, configs=configs))
+            policy = replace(flash_triton.default_policy(), pick=0, configs=configs, host_bound_flops=0)
+            _run_and_compare(q, k, v, causal, TOL[dtype], policy=policy)  # the descriptor backward
+            if kernel == "dkdv" and flash_triton._fits("dq", config, flash_triton.head_dim_pad(d), q.element_size(),
+                                                       flash_triton.shared_memory("cuda")):
+                # the fused backward runs the dK/dV configs, its dQ programs too (where their tiles fit)
+                _run_and_compare(q, k, v, causal, TOL[dtype], policy=replace(policy, fused_backward=True))
         except AssertionError as exc:
             raise AssertionError(f"{kernel} {config}: {exc}") from None
 
@@ -471,7 +502,8 @@ def test_gpu_atomic_backward_under_the_tuner(case, tma_reduce, monkeypatch, tmp_
     monkeypatch.setattr(flash_triton.TUNER, "memory", {})
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
     _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + tma_reduce), causal, TOL[dtype],
-                     deterministic=False, policy=replace(flash_triton.default_policy(), tma_reduce_dq=tma_reduce))
+                     deterministic=False, policy=replace(flash_triton.default_policy(), tma_reduce_dq=tma_reduce,
+                                                         host_bound_flops=0))
 
 
 @pytest.mark.gpu
@@ -657,9 +689,9 @@ def test_gluon_policy_runs_the_tl_kernels_where_gluon_cannot():
     assert policy.deterministic is None
     q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=3)
     ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
-    if DEVICE == "cpu":
+    if DEVICE == "cpu":  # a host-bound call: the fused tl backward
         assert not ran["fwd"].startswith("gluon")
-        assert "bwd" not in ran and {"dq", "dkdv"} <= set(ran)
+        assert "bwd" not in ran and "dkdv+dq" in ran
 
 
 def test_gluon_backward_takes_only_what_it_computes():
@@ -746,6 +778,11 @@ def test_host_bound_calls_run_the_tl_kernels_without_descriptors(monkeypatch):
         ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
         assert ("bwd" in ran) != host_bound and bool(fake.calls) != host_bound, (limit, ran)
         assert asked and any(asked) != host_bound, (limit, asked)  # the interpreter takes descriptors
+        assert ("dkdv+dq" in ran) == host_bound  # the fused backward in host-bound calls only
+    for fused, deterministic, kernels in [(False, None, {"dq", "dkdv"}), (None, False, {"dkdv"})]:
+        policy = replace(flash_triton.default_policy(), fused_backward=fused)  # never fused; atomics
+        ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
+        assert set(ran) - {"fwd"} == kernels, (fused, deterministic, ran)
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):

@@ -75,6 +75,9 @@ class Policy:
       keys at d 64, 1,024 at d 128 and 256, some 30 µs of kernels) is host-bound: it runs the tl kernels
       without tensor descriptors, the launches that cost the host least (no descriptor to encode, no
       scratch to allocate), whatever `gluon`, `tma` and `tma_backward` say. 0: never.
+    fused_backward: the tl atomics-free backward as one launch, the dK/dV kernel's programs followed by the
+      dQ kernel's (each computing the D it needs): one launch and one allocation fewer, the same work, still
+      bitwise reproducible. None = in host-bound calls only; True = wherever that backward runs; False = never.
     """
 
     pick: int | None = None
@@ -92,6 +95,7 @@ class Policy:
     wide_configs: bool = False
     gluon_small_min_keys: tuple = ((False, 8192), (True, 16384))
     host_bound_flops: int = 2 ** 33
+    fused_backward: bool | None = None
 
     def __post_init__(self):
         # dicts and lists kept as hashable pairs
@@ -135,7 +139,7 @@ class Policy:
 
 DEFAULT_POLICY = Policy(tma_backward=True, gluon=True)
 
-Ran = dict  # what a launch ran: kernel ("fwd", "dq", "dkdv", or "bwd" for the Gluon one launch) -> its tiles
+Ran = dict  # what a launch ran: kernel ("fwd", "dq", "dkdv", "dkdv+dq" fused, "bwd" the Gluon one launch) -> tiles
 
 
 def default_policy() -> Policy:
@@ -152,8 +156,9 @@ def _first_fit(policy: Policy) -> Policy:
 
 @functools.lru_cache(maxsize=8)
 def _host_bound(policy: Policy) -> Policy:
-    """`policy` for a host-bound call (Policy.host_bound_flops): no tensor descriptors."""
-    return replace(policy, tma=False, tma_backward=False)
+    """`policy` for a host-bound call (Policy.host_bound_flops): no tensor descriptors, the backward fused
+    unless the policy says never."""
+    return replace(policy, tma=False, tma_backward=False, fused_backward=policy.fused_backward is not False)
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -402,7 +407,7 @@ def _forward(q, k, v, is_causal: bool, policy: Policy, precompile_backward: bool
 
 
 def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
-    """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"} or {"bwd"} -> tiles), from the saved L;
+    """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"}, {"dkdv+dq"} or {"bwd"} -> tiles), from the saved L;
     dk, dv summed over each key/value head's group of query heads. A seen key replays its plan, as
     launch_forward does."""
     policy = policy or default_policy()
@@ -484,7 +489,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
 def kernels_ran(o: torch.Tensor) -> Ran:
     """What FlashAttentionTriton.apply ran to compute `o`: {"fwd": tiles}, and once the backward ran, its
-    kernels too ("dq" and "dkdv", or "bwd" for the Gluon one launch)."""
+    kernels too ("dq" and "dkdv", "dkdv+dq" for the fused tl one, or "bwd" for the Gluon one launch)."""
     ran = getattr(o.grad_fn, "ran", None)
     if ran is None:
         raise ValueError("kernels_ran needs the output of FlashAttentionTriton.apply on inputs that require grad")

@@ -160,12 +160,13 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom, stride_dqm, offs_n,
-                offs_m, d_ok, lo, hi, N_Q, sm_scale, qk_scale, STAGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-                TMA_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dK, dV of one key tile from the query tiles [lo, hi). Q_src, DO_src: tensor descriptors (USE_TMA) or
-    pointer tiles, Qᵀ [HEAD_DIM_PAD, BLOCK_M] and dO [BLOCK_M, HEAD_DIM_PAD] at query 0. With ATOMIC_DQ,
+def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom, stride_om,
+                stride_dqm, offs_n, offs_m, d_ok, lo, hi, N_Q, sm_scale, qk_scale, STAGE: tl.constexpr,
+                IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                USE_TMA: tl.constexpr, TMA_DQ: tl.constexpr, WITH_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile from the query tiles [lo, hi). Q_src, DO_src, O_src: tensor descriptors
+    (USE_TMA) or pointer tiles, Qᵀ [HEAD_DIM_PAD, BLOCK_M], dO and O [BLOCK_M, HEAD_DIM_PAD] at query 0; O
+    is read only with WITH_DQ, where D = rowsum(dO ∘ O) is computed here instead of loaded. With ATOMIC_DQ,
     also adds this key tile's share of dQ (dS K · scale, float32) into DQ_dst: a tensor descriptor's
     reduce-add (TMA_DQ: one bulk asynchronous add of the tile from shared memory, as FlashAttention-3 does)
     or element-wise atomics on a pointer tile [BLOCK_M, HEAD_DIM_PAD] at query 0."""
@@ -185,14 +186,21 @@ def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, 
             do = DO_src.load([start_m, 0])
         else:
             do = _load(DO_src + start_m * stride_dom, row_ok, d_ok, STAGE == 2, PAD_D)
-        if STAGE == 1:
+        if WITH_DQ:  # D of these rows, as _attn_bwd_preprocess computes it
+            if USE_TMA:
+                o = O_src.load([start_m, 0])
+            else:
+                o = _load(O_src + start_m * stride_om, row_ok, d_ok, STAGE == 2, PAD_D)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        elif STAGE == 1:
             delta = tl.load(D_ptrs + start_m)
         else:
+            delta = tl.load(D_ptrs + start_m, mask=row_ok, other=0.0)
+        if STAGE == 2:
             visible = row_ok[None, :]
             if IS_CAUSAL:
                 visible = visible & ((start_m + offs_m)[None, :] >= offs_n[:, None])
             sT = tl.where(visible, sT, float("-inf"))
-            delta = tl.load(D_ptrs + start_m, mask=row_ok, other=0.0)
         pT = tl.math.exp2(sT)
         dv = _dot(pT.to(do.dtype), do, dv, DOT_PRECISION)
         dpT = _dot(v, tl.trans(do), None, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -354,7 +362,10 @@ def _candidates(kernel: str, configs: list, consts: dict, q: torch.Tensor) -> li
     budget = dict(d_pad=consts["HEAD_DIM_PAD"], elem=q.element_size(), smem=shared_memory(q.device))
     if consts.get("WARP_SPEC"):
         return warp_spec_configs(configs, **budget)  # _tl_forward asks for it only where this is not empty
-    return fitting_configs(kernel, configs, **budget)
+    fitting = fitting_configs(kernel, configs, **budget)
+    if consts.get("WITH_DQ"):  # the fused dQ programs run the same tiles, query tile BLOCK_M
+        return [c for c in fitting if _fits("dq", c, **budget)] or fitting
+    return fitting
 
 
 TUNED_CANDIDATES = 2  # configs the tuner times per kernel and shape class, at most
@@ -422,7 +433,7 @@ def _stamp() -> dict:
 TUNER = tuning.Tuner("flash_triton", _stamp)
 # The constants of a shape class besides the lengths (the dtype and the device are keyed apart)
 _CLASS_CONSTS = ("HEAD_DIM_PAD", "IS_CAUSAL", "USE_TMA", "WARP_SPEC", "PERSISTENT", "ATOMIC_DQ", "TMA_DQ",
-                 "DOT_PRECISION")
+                 "DOT_PRECISION", "WITH_DQ")
 MIN_ROWS, MAX_ROWS = 64, 16384  # lengths are bucketed to powers of two in this range
 MAX_HEADS = 256  # batch × heads, bucketed alike from 1
 
@@ -478,10 +489,8 @@ def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, sh
 
 @triton.jit(do_not_specialize=["Z", "N_Q", "N_K"])
 def _attn_fwd(Q, K, V, O, L, sm_scale,
-              stride_qz, stride_qh, stride_qm,
-              stride_kz, stride_kh, stride_kn,
-              stride_vz, stride_vh, stride_vn,
-              stride_oz, stride_oh, stride_om,
+              stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+              stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
               Z, H, GROUP, N_Q, N_K,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
               DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
@@ -523,10 +532,8 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
 
 @triton.jit
 def _fwd_tile(Q, K, V, O, L, sm_scale,
-              stride_qz, stride_qh, stride_qm,
-              stride_kz, stride_kh, stride_kn,
-              stride_vz, stride_vh, stride_vn,
-              stride_oz, stride_oh, stride_om,
+              stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+              stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
               H, GROUP, N_Q, N_K, pid_m, off_h, off_z,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
               DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
@@ -584,8 +591,7 @@ def _fwd_tile(Q, K, V, O, L, sm_scale,
 
 @triton.jit(do_not_specialize=["N_Q"])
 def _attn_bwd_preprocess(O, DO, Delta,
-                         stride_oz, stride_oh, stride_om,
-                         stride_doz, stride_doh, stride_dom,
+                         stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
                          H, N_Q, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
     """D = rowsum(dO ∘ O), float32 [Z, H, N_Q]."""
     off_h = tl.program_id(1)
@@ -603,23 +609,37 @@ def _attn_bwd_preprocess(O, DO, Delta,
 
 
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
-def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
-                   stride_qz, stride_qh, stride_qm,
-                   stride_kz, stride_kh, stride_kn,
-                   stride_vz, stride_vh, stride_vn,
-                   stride_doz, stride_doh, stride_dom,
-                   stride_dkz, stride_dkh, stride_dkn,
-                   stride_dvz, stride_dvh, stride_dvn,
-                   stride_dqz, stride_dqh, stride_dqm,
+def _attn_bwd_dkdv(Q, K, V, O, DO, L, Delta, DK, DV, DQ, sm_scale,
+                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                   stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
+                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn,
+                   stride_dvz, stride_dvh, stride_dvn, stride_dqz, stride_dqh, stride_dqm,
                    H, GROUP, N_Q, N_K,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-                   TMA_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   TMA_DQ: tl.constexpr, WITH_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, key/value head): walks the query tiles of every query head of its group
-    that see it. No atomics for dK, dV (it owns those rows); with ATOMIC_DQ it also adds into DQ (float32)."""
+    that see it. No atomics for dK, dV (it owns those rows); with ATOMIC_DQ it also adds into DQ (float32).
+    WITH_DQ (the whole backward in one launch, without atomics: host-bound calls): programs past the key
+    tiles are _attn_bwd_dq's, GROUP · query tiles of them per key/value head, and every program computes
+    the D it needs (Delta is not read)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     off_hk = tl.program_id(1)
     off_z = tl.program_id(2)
+    if WITH_DQ:
+        n_kt = tl.cdiv(N_K, BLOCK_N)
+        if tl.program_id(0) >= n_kt:
+            n_qt = tl.cdiv(N_Q, BLOCK_M)
+            r = tl.program_id(0) - n_kt
+            pid_m = r % n_qt
+            if IS_CAUSAL:  # the last query tiles see the most keys: start them first
+                pid_m = n_qt - 1 - pid_m
+            _dq_program(Q, K, V, O, DO, L, Delta, DQ, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz,
+                        stride_kh, stride_kn, stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
+                        stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm, H, GROUP, N_Q, N_K,
+                        pid_m, off_hk * GROUP + r // n_qt, off_z, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION,
+                        USE_TMA, False, BLOCK_M, BLOCK_N)
+            return
     z64, hk64 = off_z.to(tl.int64), off_hk.to(tl.int64)
 
     start_n = tl.program_id(0) * BLOCK_N
@@ -644,6 +664,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
                           HEAD_DIM_PAD, BLOCK_M, True, USE_TMA)
         DO_src = _streamed(DO + z64 * stride_doz + h64 * stride_doh, N_Q, stride_dom, offs_m, offs_d, HEAD_DIM,
                            HEAD_DIM_PAD, BLOCK_M, False, USE_TMA)
+        O_src = _streamed(O + z64 * stride_oz + h64 * stride_oh, N_Q, stride_om, offs_m, offs_d, HEAD_DIM,
+                          HEAD_DIM_PAD, BLOCK_M, False, USE_TMA and WITH_DQ)
         DQ_dst = _streamed(DQ + z64 * stride_dqz + h64 * stride_dqh, N_Q, stride_dqm, offs_m, offs_d, HEAD_DIM,
                            HEAD_DIM_PAD, BLOCK_M, False, TMA_DQ)
         L_ptrs = L + off_zh * N_Q + offs_m
@@ -651,24 +673,24 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
         if IS_CAUSAL:
             first = (start_n // BLOCK_M) * BLOCK_M  # earlier query tiles see none of these keys
             diag_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M  # from here every query sees every key
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
-                                 stride_dqm, offs_n, offs_m, d_ok, first, tl.minimum(diag_end, N_Q), N_Q, sm_scale,
-                                 qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
-                                 DOT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
-                                 stride_dqm, offs_n, offs_m, d_ok, diag_end, n_q_full, N_Q, sm_scale,
-                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, first,
+                                 tl.minimum(diag_end, N_Q), N_Q, sm_scale, qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D,
+                                 ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ, DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, diag_end, n_q_full, N_Q,
+                                 sm_scale, qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
                                  DOT_PRECISION)
             edge = tl.maximum(diag_end, n_q_full)
         else:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
-                                 stride_dqm, offs_n, offs_m, d_ok, 0, n_q_full, N_Q, sm_scale,
-                                 qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, 0, n_q_full, N_Q,
+                                 sm_scale, qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
                                  DOT_PRECISION)
             edge = n_q_full
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
-                             stride_dqm, offs_n, offs_m, d_ok, edge, N_Q, N_Q, sm_scale,
-                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                             stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, edge, N_Q, N_Q, sm_scale,
+                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
                              DOT_PRECISION)
 
     dk = dk * sm_scale
@@ -680,24 +702,34 @@ def _attn_bwd_dkdv(Q, K, V, DO, L, Delta, DK, DV, DQ, sm_scale,
 
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
-                 stride_qz, stride_qh, stride_qm,
-                 stride_kz, stride_kh, stride_kn,
-                 stride_vz, stride_vh, stride_vn,
-                 stride_oz, stride_oh, stride_om,
-                 stride_doz, stride_doh, stride_dom,
-                 stride_dqz, stride_dqh, stride_dqm,
+                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
+                 stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
                  H, GROUP, N_Q, N_K,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows). It
     also computes its rows of D = rowsum(dO ∘ O) and stores them for the dK/dV kernel, which runs after
     it: the preprocess launch is needed only by the one-launch (atomic) backward."""
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
+    if IS_CAUSAL:  # the last query tiles see the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
+    _dq_program(Q, K, V, O, DO, L, Delta, DQ, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh,
+                stride_kn, stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh,
+                stride_dom, stride_dqz, stride_dqh, stride_dqm, H, GROUP, N_Q, N_K, pid_m, tl.program_id(1),
+                tl.program_id(2), HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA, True, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _dq_program(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
+                stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
+                H, GROUP, N_Q, N_K, pid_m, off_h, off_z,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, STORE_DELTA: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of query tile pid_m of one (batch, query head); D of its rows stored with STORE_DELTA."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     z64, h64 = off_z.to(tl.int64), off_h.to(tl.int64)
     hk64 = (off_h // GROUP).to(tl.int64)
     off_zh = z64 * H + h64
@@ -715,7 +747,8 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
     o = _load(O + z64 * stride_oz + h64 * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
               row_ok, d_ok, True, PAD_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # as _attn_bwd_preprocess computes it
-    tl.store(Delta + off_zh * N_Q + offs_m, delta, mask=row_ok)
+    if STORE_DELTA:
+        tl.store(Delta + off_zh * N_Q + offs_m, delta, mask=row_ok)
     lse2 = tl.load(L + off_zh * N_Q + offs_m, mask=row_ok, other=0.0) * _LOG2E
     K_src = _streamed(K + z64 * stride_kz + hk64 * stride_kh, N_K, stride_kn, offs_n, offs_d, HEAD_DIM,
                       HEAD_DIM_PAD, BLOCK_N, True, USE_TMA)
@@ -833,11 +866,13 @@ def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
 
 def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, prepare: list | None = None):
     """The tl backward on [Z, H, n, d] inputs: (dq4, dk4, dv4, what ran). Two atomics-free kernels (the dQ
-    kernel computes D on the way), or with deterministic=False one launch that adds dQ in float32. With
+    kernel computes D on the way); with policy.fused_backward True, their programs in one launch of the dK/dV
+    kernel ("dkdv+dq", WITH_DQ); with deterministic=False one launch that adds dQ in float32. With
     `prepare` (see _launch): None, the kernels' compiles appended, nothing run (outputs are stand-ins)."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
     atomic = policy.deterministic is False
+    fused = not atomic and policy.fused_backward is True
     dq4 = plans.alloc("dq", (Z, H, n_q, d), torch.float32 if atomic else q4.dtype, q4.device,
                       zero=atomic and prepare is None)
     dk4 = plans.alloc("dk", (Z, H_kv, n_k, d), k4.dtype, q4.device)
@@ -850,8 +885,8 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
                   DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma)
     shapes = (H, H // H_kv, n_q, n_k)
 
-    def grid_keys(meta):
-        return (_cdiv(n_k, meta["BLOCK_N"]), H_kv, Z)
+    def grid_keys(meta):  # with the fused dQ programs after the key tiles: GROUP · query tiles of them
+        return (_cdiv(n_k, meta["BLOCK_N"]) + fused * (H // H_kv) * _cdiv(n_q, meta["BLOCK_M"]), H_kv, Z)
 
     def grid_queries(meta):
         return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
@@ -860,6 +895,8 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     with _device_guard(q4.device):
         if atomic:
             delta = _preprocess(o4, do4, prepare)
+        elif fused:  # every program computes the D it needs: L stands in for the Delta it never reads
+            delta = lse3
         else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)
             delta = plans.alloc("delta", (Z, H, n_q), torch.float32, q4.device)
             ran["dq"] = _launch("dq", grid_queries,
@@ -868,14 +905,14 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
                                 consts, policy, q4, shape=(Z, *shapes[:2], n_q, n_k),
                                 names=("q", "k", "v", "o", "do", "lse", "delta", "dq"), prepare=prepare)
         tma_dq = atomic and use_tma and policy.tma_reduce_dq and q4.device.type == "cuda" and not INTERPRET
-        ran["dkdv"] = _launch("dkdv", grid_keys,
-                              (q4, k4, v4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
-                               *k4.stride()[:3], *v4.stride()[:3], *do4.stride()[:3], *dk4.stride()[:3],
-                               *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
-                              {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq}, policy, q4,
-                              shape=(Z, *shapes[:2], n_q, n_k),
-                              names=("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq"),
-                              reset=dq4.zero_ if atomic else None, prepare=prepare)
+        ran["dkdv+dq" if fused else "dkdv"] = _launch(
+            "dkdv", grid_keys, (q4, k4, v4, o4, do4, lse3, delta, dk4, dv4, dq4, sm_scale, *q4.stride()[:3],
+                                *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], *do4.stride()[:3],
+                                *dk4.stride()[:3], *dv4.stride()[:3], *dq4.stride()[:3], *shapes),
+            {**consts, "ATOMIC_DQ": atomic, "TMA_DQ": tma_dq, "WITH_DQ": fused}, policy, q4,
+            shape=(Z, *shapes[:2], n_q, n_k), names=("q", "k", "v", "o", "do", "lse", "lse" if fused else "delta",
+                                                     "dk", "dv", "dq"),
+            reset=dq4.zero_ if atomic else None, prepare=prepare)
     if prepare is not None:
         return None
     # the atomic path accumulates dQ in fp32; .to is a no-op (no copy) when the dtypes already match
