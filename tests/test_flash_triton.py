@@ -159,7 +159,8 @@ def test_each_atomics_free_backward_matches_float64(fused, case):
     """The fused backward (dK/dV programs then dQ programs in one launch, each computing D) and the two
     kernels: each against float64 at awkward shapes, and `ran` names what ran."""
     lead, hq, hkv, n_q, n_k, d, causal, dtype = case
-    policy = replace(flash_triton.default_policy(), fused_backward=fused,
+    # (True: deterministic too, or an fp32 call that is not host-bound takes the atomic one launch)
+    policy = replace(flash_triton.default_policy(), fused_backward=fused, deterministic=True if fused else None,
                      host_bound_flops=0 if fused else flash_triton.default_policy().host_bound_flops)
     ran = _run_and_compare(*_gqa_inputs(lead, hq, hkv, n_q, n_k, d, dtype, seed=n_q + n_k), causal, TOL[dtype],
                            policy=policy)
@@ -783,6 +784,22 @@ def test_host_bound_calls_run_the_tl_kernels_without_descriptors(monkeypatch):
         policy = replace(flash_triton.default_policy(), fused_backward=fused)  # never fused; atomics
         ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
         assert set(ran) - {"fwd"} == kernels, (fused, deterministic, ran)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp32_backward_takes_the_atomic_one_launch_unless_host_bound_or_deterministic(dtype):
+    """deterministic=None on fp32 inputs: the tl one launch with atomics where the call is not host-bound, the
+    fused atomics-free one where it is, the two kernels with True; 16-bit inputs keep the atomics-free pair.
+    Each against float64 (GQA, n_q ≠ n_k, lengths off the tiles)."""
+    q, k, v = _gqa_inputs((1,), 4, 2, 45, 71, 64, dtype, seed=11)
+    flops = flash.attention_flops(batch=1, heads=4, n_queries=45, n_keys=71, d_head=64, causal=False,
+                                  direction="fwd")
+    fp32 = dtype == torch.float32
+    for limit, deterministic, kernels in [(flops - 1, None, {"dkdv"} if fp32 else {"dq", "dkdv"}),
+                                          (flops, None, {"dkdv+dq"}), (flops - 1, True, {"dq", "dkdv"})]:
+        policy = replace(flash_triton.default_policy(), host_bound_flops=limit)
+        ran = _run_and_compare(q, k, v, True, TOL[dtype], deterministic=deterministic, policy=policy)
+        assert set(ran) - {"fwd"} == kernels, (limit, deterministic, ran)
+
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):

@@ -44,7 +44,8 @@ class Policy:
     deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
       backward where `flash_gluon.usable_backward` takes the inputs (Hopper, flash_gluon.HEAD_DIMS; strided
       views copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
-      atomics-free kernels elsewhere; True = the two atomics-free kernels always (bitwise reproducible);
+      atomics-free kernels elsewhere, but for fp32 inputs the tl one launch with atomics (see False) unless
+      the call is host-bound; True = the two atomics-free kernels always (bitwise reproducible);
       False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
       when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
@@ -159,6 +160,15 @@ def _host_bound(policy: Policy) -> Policy:
     """`policy` for a host-bound call (Policy.host_bound_flops): no tensor descriptors, the backward fused
     unless the policy says never."""
     return replace(policy, tma=False, tma_backward=False, fused_backward=policy.fused_backward is not False)
+
+
+@functools.lru_cache(maxsize=8)
+def _fp32_backward(policy: Policy) -> Policy:
+    """`policy` for an fp32 backward that is not host-bound with deterministic=None: the tl one launch with
+    dQ by atomics. With fp32's six bf16 products a dot, its five dots a tile beat the two kernels' seven
+    (S and dP computed twice): −11 to −14 % at d 64 and 128, 4,096 and 8,192 keys on an H200
+    (docs/benchmarks/attention-h200-fused-fp32.md)."""
+    return replace(policy, deterministic=False)
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -292,6 +302,8 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
         gluon, policy = None, _host_bound(policy)
     else:
         gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(d, is_causal) else None
+        if direction == "bwd" and policy.deterministic is None and q4.dtype == torch.float32:
+            policy = _fp32_backward(policy)
     if direction == "fwd":
         if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
                 and gluon.usable(q4, k4, v4, layout=False):
