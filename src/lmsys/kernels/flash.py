@@ -44,8 +44,8 @@ class Policy:
     deterministic: None = the fastest measured for the shape: with `gluon` on, the Gluon one-launch
       backward where `flash_gluon.usable_backward` takes the inputs (Hopper, flash_gluon.HEAD_DIMS; strided
       views copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
-      atomics-free kernels elsewhere, but for fp32 inputs the tl one launch with atomics (see False) unless
-      the call is host-bound; True = the two atomics-free kernels always (bitwise reproducible);
+      atomics-free kernels elsewhere, but for fp32 inputs at head dims 64 to 128 the tl one launch with
+      atomics (see False) unless the call is host-bound; True = the two atomics-free kernels always (bitwise reproducible);
       False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
       when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
@@ -160,6 +160,9 @@ def _host_bound(policy: Policy) -> Policy:
     """`policy` for a host-bound call (Policy.host_bound_flops): no tensor descriptors, the backward fused
     unless the policy says never."""
     return replace(policy, tma=False, tma_backward=False, fused_backward=policy.fused_backward is not False)
+
+
+FP32_ATOMIC_HEAD_DIMS = (64, 128)  # where _fp32_backward was measured faster (d 16/32 lead already; 256 untried)
 
 
 @functools.lru_cache(maxsize=8)
@@ -302,7 +305,8 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
         gluon, policy = None, _host_bound(policy)
     else:
         gluon = _gluon() if policy.gluon and n_k >= policy.gluon_from(d, is_causal) else None
-        if direction == "bwd" and policy.deterministic is None and q4.dtype == torch.float32:
+        if direction == "bwd" and policy.deterministic is None and q4.dtype == torch.float32 \
+                and FP32_ATOMIC_HEAD_DIMS[0] <= d <= FP32_ATOMIC_HEAD_DIMS[1]:
             policy = _fp32_backward(policy)
     if direction == "fwd":
         if gluon is not None and n_k >= policy.gluon_copy_from(q4.shape[-1]) and not gluon.usable(q4, k4, v4) \
