@@ -17,8 +17,8 @@
 #   host         per-call host µs (issue 43 item 3): `bench attention` at b8 h1, 256 to 4,096 keys, d 16/64/128,
 #                causal and not, flash-triton's host-bound dispatch (Policy.host_bound_flops) beside the path
 #                before it (0) and a threshold 4x higher, sdpa-cudnn and sdpa-flash; the leaderboard -> host.md
-#   hostprof     host_profile.txt: one warm fwd+bwd at 256 keys causal and not: what ran, the plans' hits,
-#                cProfile's top 12 (also run by host)
+#   hostprof     host_profile.txt: host µs of a warm fwd+bwd at 256 keys causal and not, flash-triton's paths beside
+#                SDPA's and an empty autograd.Function, interleaved; the plans' hits, cProfile's top 14 (also run by host)
 #   byo          issue 41: flash check --adapters with the CS336-layout fixtures (Triton compiled), and the
 #                planted missing scale -> byo.md
 # Every command is time-guarded (scripts/gpu/lib.sh; BUDGET default 560 s; DRY_RUN=1 prints them); each
@@ -101,19 +101,22 @@ if part host; then
   T=90 run host.md $BOARD --impl flash-triton,sdpa-cudnn,sdpa-flash
 fi
 if part host || part hostprof; then
-  # the host time of one warm fwd+bwd at 8 x 1 x 256 d 64, causal and not, with a gradient as bench attention
-  # gives it and with .sum().backward()'s zero-stride one: µs per call beside SDPA's, the plans' counters, cProfile's top
-  T=90 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, sys, time, torch; from lmsys.kernels import flash, plans' \
-    'F, A, grad = torch.nn.functional.scaled_dot_product_attention, flash.FlashAttentionTriton.apply, torch.autograd.grad' \
-    'for causal in (True, False):' '  q, k, v = (torch.randn(8, 1, 256, 64, device=torch.device(0), dtype=torch.bfloat16, requires_grad=True) for _ in range(3))' \
-    '  do = torch.randn_like(q); calls = {"flash-triton": lambda: grad(A(q, k, v, causal), (q, k, v), do),' \
-    '    "sdpa": lambda: grad(F(q, k, v, is_causal=causal), (q, k, v), do), "flash-triton .sum()": lambda: A(q, k, v, causal).sum().backward()}' \
-    '  for name, call in calls.items():' \
-    '    [call() for _ in range(20)]; torch.cuda.synchronize(); plans.STATS.update(hits=0, misses=0, normal=0)' \
-    '    t = time.perf_counter(); [call() for _ in range(200)]; us = (time.perf_counter() - t) / 200 * 1e6; torch.cuda.synchronize()' \
-    '    print(f"causal={causal} {name}: {us:.1f} us a call (issue, host-bound), plans {dict(plans.STATS)}")' \
-    '  p = cProfile.Profile(); p.enable(); [calls["flash-triton"]() for _ in range(200)]; p.disable(); torch.cuda.synchronize()' \
-    '  pstats.Stats(p, stream=sys.stdout).sort_stats(pstats.SortKey.TIME).print_stats(14)')" >> "$OUT/host_profile.txt"
+  # µs a warm fwd+bwd at 8 x 1 x 256 d 64 takes the host, causal and not: each variant 200 calls back to back, 4
+  # rounds interleaved (median [min-max]); an empty autograd.Function with the same allocations is the floor
+  T=120 X python3 -c "$(printf '%s\n' 'import cProfile, pstats, statistics as st, sys, time, torch; from dataclasses import replace' \
+    'from lmsys.kernels import flash, plans; from torch.nn.attention import sdpa_kernel, SDPBackend as B; F = torch.nn.functional.scaled_dot_product_attention' \
+    'class E(torch.autograd.Function):' '  forward = staticmethod(lambda ctx, q, k, v: (ctx.save_for_backward(q), torch.empty_like(q))[1])' \
+    '  backward = staticmethod(lambda ctx, do: tuple(torch.empty_like(do) for _ in range(3)))' \
+    'P, A = flash.DEFAULT_POLICY, lambda pol: lambda q, k, v, c: flash.FlashAttentionTriton.apply(q, k, v, c, None, pol)' \
+    'def S(b):' '  def f(q, k, v, c):' '    with sdpa_kernel(b): return F(q, k, v, is_causal=c)' '  return f' \
+    'V = {"flash-triton": A(P), "fused_backward=False": A(replace(P, fused_backward=False)), "host_bound_flops=0": A(replace(P, host_bound_flops=0)),' \
+    '     "sdpa": lambda q, k, v, c: F(q, k, v, is_causal=c), "sdpa cudnn": S(B.CUDNN_ATTENTION), "sdpa flash": S(B.FLASH_ATTENTION), "empty Function": lambda q, k, v, c: E.apply(q, k, v)}' \
+    'for c in (True, False):' '  q, k, v = (torch.randn(8, 1, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)); do = torch.randn_like(q); R = {n: [] for n in V}' \
+    '  for r in range(5):' '    for n, f in V.items():' '      torch.cuda.synchronize(); t = time.perf_counter(); [torch.autograd.grad(f(q, k, v, c), (q, k, v), do) for _ in range(200)]' \
+    '      R[n].append((time.perf_counter() - t) / 200 * 1e6) if r else None' \
+    '  print(f"causal={c}:", "; ".join(f"{n} {st.median(x):.1f} [{min(x):.1f}-{max(x):.1f}] us" for n, x in R.items()))' \
+    '  plans.STATS.update(hits=0, misses=0, normal=0); p = cProfile.Profile(); p.enable(); [torch.autograd.grad(V["flash-triton"](q, k, v, c), (q, k, v), do) for _ in range(200)]; p.disable()' \
+    '  print("plans", dict(plans.STATS)); pstats.Stats(p, stream=sys.stdout).sort_stats(pstats.SortKey.TIME).print_stats(14)')" >> "$OUT/host_profile.txt"
 fi
 echo "== done in $(elapsed)s"
 } 2>&1 | tee -a "$OUT/attention.log"
