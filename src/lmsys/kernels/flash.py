@@ -45,9 +45,9 @@ class Policy:
       backward where `flash_gluon.usable_backward` takes the inputs (Hopper, flash_gluon.HEAD_DIMS; strided
       views copied) and there are at least `gluon_bwd_min_keys` keys (not bitwise reproducible), the two
       atomics-free kernels elsewhere, but for fp32 inputs at head dims 64 to 128 the tl one launch with
-      atomics (see False) unless the call is host-bound; True = the two atomics-free kernels always (bitwise reproducible);
-      False = one launch that also accumulates dQ in float32 with atomics (the Gluon one wherever it runs
-      when `gluon` is on, the tl one elsewhere).
+      atomics (see False) unless the call is host-bound; True = the two atomics-free kernels always
+      (bitwise reproducible); False = one launch that also accumulates dQ in float32 with atomics (the
+      Gluon one wherever it runs when `gluon` is on, the tl one elsewhere).
     tma: the forward loads Q, K, V through tensor descriptors where they can run (triton with
       tl.make_tensor_descriptor, CUDA compute capability >= 9 or the interpreter, 16-byte aligned strides).
     tma_backward: the backward's streamed loads (Qᵀ and dO in the dK/dV kernel, Kᵀ and Vᵀ in the dQ
