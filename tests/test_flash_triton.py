@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lmsys.core.errors import LmsysError
+from lmsys.core.flops import attention_flops
 from lmsys.kernels import flash, flash_triton
 from lmsys.kernels.attention import attention, naive_attention
 from lmsys.bench.flash_check import reference_attention, relative_error
@@ -789,14 +790,14 @@ def test_host_bound_calls_run_the_tl_kernels_without_descriptors(monkeypatch):
         ran = _run_and_compare(q, k, v, True, TOL[torch.bfloat16], deterministic=deterministic, policy=policy)
         assert set(ran) - {"fwd"} == kernels, (fused, deterministic, ran)
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp32_backward_takes_the_atomic_one_launch_unless_host_bound_or_deterministic(dtype):
     """deterministic=None on fp32 inputs: the tl one launch with atomics where the call is not host-bound, the
     fused atomics-free one where it is, the two kernels with True; 16-bit inputs keep the atomics-free pair.
     Each against float64 (GQA, n_q ≠ n_k, lengths off the tiles)."""
     q, k, v = _gqa_inputs((1,), 4, 2, 45, 71, 64, dtype, seed=11)
-    flops = flash.attention_flops(batch=1, heads=4, n_queries=45, n_keys=71, d_head=64, causal=False,
-                                  direction="fwd")
+    flops = attention_flops(batch=1, heads=4, n_queries=45, n_keys=71, d_head=64, causal=False, direction="fwd")
     fp32 = dtype == torch.float32
     for limit, deterministic, kernels in [(flops - 1, None, {"dkdv"} if fp32 else {"dq", "dkdv"}),
                                           (flops, None, {"dkdv+dq"}), (flops - 1, True, {"dq", "dkdv"})]:
@@ -807,7 +808,6 @@ def test_fp32_backward_takes_the_atomic_one_launch_unless_host_bound_or_determin
         q, k, v = _gqa_inputs((1,), 2, 2, 45, 71, 32, dtype, seed=12)
         policy = replace(flash_triton.default_policy(), host_bound_flops=0)
         assert set(_run_and_compare(q, k, v, False, TOL[dtype], policy=policy)) == {"fwd", "dq", "dkdv"}
-
 
 
 def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeypatch):
