@@ -674,6 +674,52 @@ def test_gluon_forward_refuses_empty_inputs_and_grids_past_cuda_limits(monkeypat
     assert not gluon.supports(x, x, x)
 
 
+def _compile_for_hopper(which: str) -> list[list[str]]:
+    """tests/helpers/hopper_compile.py's lines (name, what, grid=..., shared bytes) for `which` kernels."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).parent / "helpers" / "hopper_compile.py"
+    done = subprocess.run([sys.executable, str(script), which], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+@pytest.mark.slow
+def test_tl_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter runs the tl kernels' arithmetic but compiles nothing: every launch the launchers make
+    (bf16 and fp32, causal or not, the backward's pair, one atomic launch, fused launch) is compiled to an
+    sm_90 cubin, and causal grids put the tiles last (heads first, `_grid`)."""
+    lines = _compile_for_hopper("tl")
+    assert {name for name, *_ in lines} == {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_attn_bwd_preprocess"}
+    for dtype in ("bfloat16", "float32"):
+        for causal in ("True", "False"):
+            for backward in ("pair", "atomic", "fused"):
+                assert any(what == f"{dtype}/causal={causal}/{backward}" for _, what, *_ in lines)
+    for name, what, grid, shared in lines:
+        dims = [int(x) for x in grid.removeprefix("grid=").split(",")]
+        assert int(shared) <= 232448  # an H100's shared memory per block
+        if name != "_attn_bwd_preprocess":  # (2, 2, 384, 64): batch 2, heads 2 first when causal
+            assert (dims[:2] == [2, 2]) == ("causal=True" in what), (name, what, dims)
+
+
+def test_gluon_kernels_compile_for_hopper_without_a_gpu():
+    """Gluon has no interpreter, so a CPU can only compile it: under the triton flash_gluon was written for
+    (CI's second pass), every Gluon kernel at d 64 and 128, causal in both grid orders and not causal, is
+    compiled to an sm_90 cubin."""
+    gluon = _gluon_module()
+    if not any(gluon.triton.__version__.startswith(r) for r in gluon.TRITON_RELEASES):
+        pytest.skip(f"flash_gluon is written for triton {gluon.TRITON_RELEASES}, not {gluon.triton.__version__}")
+    lines = _compile_for_hopper("gluon")
+    assert len(lines) == 18, lines
+    assert {(name, what.split("/")[0]) for name, what, *_ in lines} == {
+        (k, d) for k in ("_attn_fwd_ws", "_attn_bwd_ws", "_scale_cast") for d in ("d64", "d128")}
+    assert all(int(shared) <= 232448 for *_, shared in lines)
+    for name, what, grid, _ in lines:  # 1,024 keys: 8 query or key tiles of 128; 4 batch·heads first when causal
+        if name != "_scale_cast":
+            assert grid == ("grid=4,8" if what.endswith("causal=True/heads_fast=True") else "grid=8,4"), (name, what)
+
+
 @pytest.mark.parametrize("args, message", [((128, 128, 3, 1, 4, 168), "needs 8 warps"),
                                            ((64, 128, 1, 2, 4, 128), "pipeline 2 with 1 stages"),
                                            ((64, 128, 2, 3, 4, 128), "pipeline 3"),

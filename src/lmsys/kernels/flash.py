@@ -162,7 +162,7 @@ def _host_bound(policy: Policy) -> Policy:
     return replace(policy, tma=False, tma_backward=False, fused_backward=policy.fused_backward is not False)
 
 
-FP32_ATOMIC_HEAD_DIMS = (64, 128)  # where _fp32_backward was measured faster (d 16/32 lead already; 256 untried)
+FP32_ATOMIC_HEAD_DIMS = (64, 128)  # where _fp32_backward was measured faster (d 16: +16 %, d 32: a tie)
 
 
 @functools.lru_cache(maxsize=8)

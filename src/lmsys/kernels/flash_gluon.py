@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                 warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from lmsys.core.devices import capability
+from lmsys.core.devices import capability, sm_count
 from lmsys.kernels import plans
 
 LOG2E = 1.4426950408889634
@@ -46,6 +46,7 @@ class Config:
     warps: int
     maxnreg: int
     consumers: int = 1
+    heads_fast: bool = True
 
     def __post_init__(self):
         if self.block_m != 16 * self.warps:  # one m64 wgmma per warp group of four warps
@@ -85,6 +86,7 @@ class BwdConfig:
     warps: int
     maxnreg: int
     early_dp: bool = False
+    heads_fast: bool = True
 
     def __post_init__(self):
         if (self.block_m not in (64, 128) or self.warps % 4 or (self.warps // 4) % (self.block_m // 64)
@@ -102,7 +104,7 @@ DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
 TRITON_RELEASES = ("3.6",)
-MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension: batch·heads here
+MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension: batch·heads here when not heads-fast
 
 
 def available() -> bool:
@@ -295,13 +297,19 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
 @gluon.jit
 def _attn_fwd_ws(q_desc, k_desc, v_desc, O, L, qk_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (query tile, batch·query head), heaviest causal tiles first; q, O as [Z·H·N, d],
-    k, v as [Z·(H/GROUP)·N, d]. q_desc's tiles are the consumers' parts: BLOCK_M / CONSUMERS rows."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    zh = gl.program_id(1)
+                 CAUSAL: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr, HEADS_FAST: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """One program per (query tile, batch·query head), heaviest causal tiles first (HEADS_FAST, causal
+    only: across heads too, `grid_order`); q, O as [Z·H·N, d], k, v as [Z·(H/GROUP)·N, d]. q_desc's tiles
+    are the consumers' parts: BLOCK_M / CONSUMERS rows."""
+    if HEADS_FAST:  # the grid is (batch·heads, query tiles): every head's heaviest tile before any's next
+        zh = gl.program_id(0)
+        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+    else:
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        zh = gl.program_id(1)
     start_m = pid_m * BLOCK_M
     row0 = zh * N_CTX
     kv_row0 = ((zh // H) * (H // GROUP) + (zh % H) // GROUP) * N_CTX  # this query head's key/value head
@@ -465,12 +473,17 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
 @gluon.jit
 def _attn_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, L, Delta, DK, DV, qk_scale, sm_scale, N_CTX, H, GROUP,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, HEADS_FAST: gl.constexpr, num_warps: gl.constexpr):
     """One program per (key tile, batch·key/value head): dK, dV of its keys, and its share of dQ added to
     the float32 dQ (zeroed) behind dq_desc. q, dO, dQ as [Z·H·N, d], k, v, dK, dV as [Z·(H/GROUP)·N, d],
-    L and D as [Z·H·N]."""
-    start_n = gl.program_id(0) * BLOCK_N
-    zhk = gl.program_id(1)
+    L and D as [Z·H·N]. Causal, key tile 0 is the heaviest; HEADS_FAST: the grid is (batch·heads, key
+    tiles), every head's first tile before any head's second (`grid_order`)."""
+    if HEADS_FAST:
+        zhk = gl.program_id(0)
+        start_n = gl.program_id(1) * BLOCK_N
+    else:
+        start_n = gl.program_id(0) * BLOCK_N
+        zhk = gl.program_id(1)
     h_kv = H // GROUP
     kv_row = zhk * N_CTX + start_n
     q_row0 = ((zhk // h_kv) * H + (zhk % h_kv) * GROUP) * N_CTX  # the group's first query head, row 0
@@ -551,16 +564,35 @@ def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config 
             and supports(q4, k4, v4, config, layout))
 
 
+# Causal grids run heads-fast (`grid_order`): the backward always, the forward up to this many programs an
+# SM (one resides at a time). An H200, bf16, kernels alone (docs/kernels.md, "Grid order"): at 8 × 1 × 4,096
+# and 8,192 (256 and 512 programs) the forward −16 to −24 %, the backward −17 to −32 %; from 1,024 programs
+# the backward −0 to −4 %, the forward +0 to +5 % (the leaderboard's d 128: 1.67 → 1.76 ms, its K and V
+# no longer shared in L2 by the programs running together).
+FWD_HEADS_FAST_WAVES = 4
+
+
+def grid_order(tiles: int, heads: int, heads_fast: bool) -> tuple:
+    """The grid of `tiles` programs for each of `heads` (batch·heads): (tiles, heads) runs one head's tiles
+    after another's; heads_fast, (heads, tiles), the same tile of every head before the next tile. Causal,
+    the tiles' work falls from the first to the last, so heads-fast is longest-first across the whole grid:
+    at 8 × 1 × 8,192 (512 backward programs, about 4 per SM) a list-scheduling model gives the last SM's
+    finish 18 % earlier than head by head (measured: 17 %), at 16 × 16,384 nothing."""
+    return (heads, tiles) if heads_fast else (tiles, heads)
+
+
 def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) -> str:
     """Fill o4 [Z, H, N, d] and lse [Z, H, N] (float32) for inputs `usable` accepted; the tiles it ran."""
     Z, H, n, d = q4.shape
     c = config or CONFIGS[d]
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m // c.consumers, c.block_n)
-    plans.launch(_attn_fwd_ws, (n // c.block_m, Z * H),
+    heads_fast = (bool(is_causal) and c.heads_fast
+                  and (n // c.block_m) * Z * H <= FWD_HEADS_FAST_WAVES * sm_count(q4.device))
+    plans.launch(_attn_fwd_ws, grid_order(n // c.block_m, Z * H, heads_fast),
                  (q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H, H // k4.shape[1]),
                  dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=bool(is_causal),
-                      PIPELINE=c.pipeline, CONSUMERS=c.consumers, num_warps=c.warps // c.consumers,
-                      maxnreg=c.maxnreg),
+                      PIPELINE=c.pipeline, CONSUMERS=c.consumers, HEADS_FAST=heads_fast,
+                      num_warps=c.warps // c.consumers, maxnreg=c.maxnreg),
                  ("q", "k", "v", "o", "lse"))
     return f"gluon {c.block_m}×{c.block_n}"
 
@@ -589,12 +621,13 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
                                            gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
     elems = dq32.numel()
+    heads_fast = bool(is_causal) and c.heads_fast
     launches = [
-        (_attn_bwd_ws, (n // c.block_n, Z * k4.shape[1]),
+        (_attn_bwd_ws, grid_order(n // c.block_n, Z * k4.shape[1], heads_fast),
          (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),
           n, H, H // k4.shape[1]),
          dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=bool(is_causal),
-              EARLY_DP=c.early_dp, num_warps=c.warps, maxnreg=c.maxnreg),
+              EARLY_DP=c.early_dp, HEADS_FAST=heads_fast, num_warps=c.warps, maxnreg=c.maxnreg),
          ("q", "k", "v", "do", "dq32", "lse", "delta", "dk", "dv")),
         (_scale_cast, (triton.cdiv(elems, CAST_BLOCK),), (dq32, dq4, 1.0 / math.sqrt(d), elems),
          dict(BLOCK=CAST_BLOCK, num_warps=4), ("dq32", "dq")),

@@ -53,6 +53,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv without its constexpr wrapper (the launchers run it on every call)
 
 
+def _grid(tiles: int, heads: int, batch: int, causal: bool) -> tuple:
+    """A plain grid; causal, tiles last: every head's heaviest tile before any's next (`_program`)."""
+    return (heads, batch, tiles) if causal else (tiles, heads, batch)
+
+
 # ------------------------------------------------------------------------------------------ helpers
 
 
@@ -69,26 +74,21 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr):
 @triton.jit
 def _load(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     """A 2-D tile [R, C], masked (zeros) only along the dims that need it: rows_ok [R], cols_ok [C]."""
-    if MASK_ROWS:
-        if MASK_COLS:
-            x = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
-        else:
-            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    if MASK_ROWS and MASK_COLS:
+        x = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+    elif MASK_ROWS:
+        x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
     else:
-        if MASK_COLS:
-            x = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
-        else:
-            x = tl.load(ptrs)
+        x = tl.load(ptrs)
     return x
 
 
 @triton.jit
 def _store(ptrs, x, rows_ok, cols_ok, MASK_COLS: tl.constexpr):
     """Store a 2-D tile, rows masked; columns too when the head dim is padded."""
-    if MASK_COLS:
-        tl.store(ptrs, x, mask=rows_ok[:, None] & cols_ok[None, :])
-    else:
-        tl.store(ptrs, x, mask=rows_ok[:, None])
+    tl.store(ptrs, x, mask=rows_ok[:, None] & cols_ok[None, :] if MASK_COLS else rows_ok[:, None])
 
 
 @triton.jit
@@ -521,13 +521,21 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
                           pid_m, zh % H, zh // H, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA,
                           WARP_SPEC, BLOCK_M, BLOCK_N)
     else:
-        pid_m = tl.program_id(0)
-        if IS_CAUSAL:  # the last query tiles see the most keys: start them first
-            pid_m = tl.num_programs(0) - 1 - pid_m
+        pid_m, off_h, off_z = _program(IS_CAUSAL, True)
         _fwd_tile(Q, K, V, O, L, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                   stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, H, GROUP, N_Q, N_K,
-                  pid_m, tl.program_id(1), tl.program_id(2), HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION,
+                  pid_m, off_h, off_z, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION,
                   USE_TMA, WARP_SPEC, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _program(IS_CAUSAL: tl.constexpr, LAST_FIRST: tl.constexpr):
+    """(tile, head, batch) of this program. Causal grids are (heads, batch, tiles) (`_grid`): the tiles
+    with the most work, the last query tiles (LAST_FIRST) or the first key tiles, of every head first."""
+    if IS_CAUSAL:
+        t = tl.program_id(2)
+        return tl.num_programs(2) - 1 - t if LAST_FIRST else t, tl.program_id(0), tl.program_id(1)
+    return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
 
 @triton.jit
@@ -624,13 +632,12 @@ def _attn_bwd_dkdv(Q, K, V, O, DO, L, Delta, DK, DV, DQ, sm_scale,
     tiles are _attn_bwd_dq's, GROUP · query tiles of them per key/value head, and every program computes
     the D it needs (Delta is not read)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    off_hk = tl.program_id(1)
-    off_z = tl.program_id(2)
+    pid, off_hk, off_z = _program(IS_CAUSAL, False)
     if WITH_DQ:
         n_kt = tl.cdiv(N_K, BLOCK_N)
-        if tl.program_id(0) >= n_kt:
+        if pid >= n_kt:
             n_qt = tl.cdiv(N_Q, BLOCK_M)
-            r = tl.program_id(0) - n_kt
+            r = pid - n_kt
             pid_m = r % n_qt
             if IS_CAUSAL:  # the last query tiles see the most keys: start them first
                 pid_m = n_qt - 1 - pid_m
@@ -642,7 +649,7 @@ def _attn_bwd_dkdv(Q, K, V, O, DO, L, Delta, DK, DV, DQ, sm_scale,
             return
     z64, hk64 = off_z.to(tl.int64), off_hk.to(tl.int64)
 
-    start_n = tl.program_id(0) * BLOCK_N
+    start_n = pid * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -711,13 +718,11 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
     """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows). It
     also computes its rows of D = rowsum(dO ∘ O) and stores them for the dK/dV kernel, which runs after
     it: the preprocess launch is needed only by the one-launch (atomic) backward."""
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # the last query tiles see the most keys: start them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_m, off_h, off_z = _program(IS_CAUSAL, True)
     _dq_program(Q, K, V, O, DO, L, Delta, DQ, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh,
                 stride_kn, stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh,
-                stride_dom, stride_dqz, stride_dqh, stride_dqm, H, GROUP, N_Q, N_K, pid_m, tl.program_id(1),
-                tl.program_id(2), HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA, True, BLOCK_M, BLOCK_N)
+                stride_dom, stride_dqz, stride_dqh, stride_dqm, H, GROUP, N_Q, N_K, pid_m, off_h, off_z, HEAD_DIM,
+                HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA, True, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -813,14 +818,12 @@ INTERPRETER_PROGRAMS = 4  # the persistent grid's size under the interpreter (no
 
 def _persistent_programs(device) -> int:
     """Programs of the persistent forward grid: one per SM on a GPU."""
-    device = torch.device(device)
-    return sm_count(device) if device.type == "cuda" else INTERPRETER_PROGRAMS
+    return sm_count(device) if torch.device(device).type == "cuda" else INTERPRETER_PROGRAMS
 
 
 def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     """The tl forward on [Z, H, n, d] inputs: (o4, lse [Z, H, n_q] float32, what ran)."""
-    Z, H, n_q, d = q4.shape
-    n_k = k4.shape[2]
+    (Z, H, n_q, d), n_k = q4.shape, k4.shape[2]
     o4 = plans.alloc("o", (Z, H, n_q, d), q4.dtype, q4.device)
     lse = plans.alloc("lse", (Z, H, n_q), torch.float32, q4.device)
     use_tma = _tma_usable(policy, q4, k4, v4)
@@ -833,7 +836,7 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     def grid(meta):
         if persistent:
             return (min(programs, _cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
-        return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
+        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, is_causal)
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
@@ -869,8 +872,7 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     kernel computes D on the way); with policy.fused_backward True, their programs in one launch of the dK/dV
     kernel ("dkdv+dq", WITH_DQ); with deterministic=False one launch that adds dQ in float32. With
     `prepare` (see _launch): None, the kernels' compiles appended, nothing run (outputs are stand-ins)."""
-    Z, H, n_q, d = q4.shape
-    H_kv, n_k = k4.shape[1], k4.shape[2]
+    (Z, H, n_q, d), (H_kv, n_k) = q4.shape, k4.shape[1:3]
     atomic = policy.deterministic is False
     fused = not atomic and policy.fused_backward is True
     dq4 = plans.alloc("dq", (Z, H, n_q, d), torch.float32 if atomic else q4.dtype, q4.device,
@@ -886,10 +888,11 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):  # with the fused dQ programs after the key tiles: GROUP · query tiles of them
-        return (_cdiv(n_k, meta["BLOCK_N"]) + fused * (H // H_kv) * _cdiv(n_q, meta["BLOCK_M"]), H_kv, Z)
+        return _grid(_cdiv(n_k, meta["BLOCK_N"]) + fused * (H // H_kv) * _cdiv(n_q, meta["BLOCK_M"]), H_kv, Z,
+                     is_causal)
 
     def grid_queries(meta):
-        return (_cdiv(n_q, meta["BLOCK_M"]), H, Z)
+        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, is_causal)
 
     ran = {}
     with _device_guard(q4.device):

@@ -1,0 +1,99 @@
+"""Compile lmsys's attention kernels for Hopper (sm_90) on a machine without a GPU: a stand-in active driver
+names the target, `warmup` compiles to a cubin and nothing launches. Run as a script (the driver swap is
+process-wide) by tests/test_flash_triton.py; prints one line per kernel compiled: its name, what it was
+compiled for, its grid, shared memory bytes. The interpreter runs the tl kernels' arithmetic; this is what
+checks that they, and the Gluon kernels (no interpreter at all), compile for the GPU, through the
+launchers' own grids and constants (scripts/compile_sm90.py sweeps every config of a kernel instead, from
+signatures it builds, for a person asking what fits).
+
+    python tests/helpers/hopper_compile.py tl       # the tl kernels through their launchers (any triton)
+    python tests/helpers/hopper_compile.py gluon    # flash_gluon's (the triton it was written for)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for real
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+
+class HopperWithoutGPU:
+    """What `JITFunction.warmup` asks the active driver: the target, a device, a stream."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def report(kernel, what: str, grid) -> None:
+    assert kernel.asm["cubin"], kernel.name
+    print(kernel.name, what, "grid=" + ",".join(map(str, grid)), kernel.metadata.shared, flush=True)
+
+
+def tl_kernels() -> None:
+    """Every tl kernel the launchers run, bf16 and fp32, causal or not: the forward, the backward's pair,
+    its one launch with atomics (deterministic=False) and its fused launch; each launch compiled instead
+    of run, the tuner's first candidate taken untimed."""
+    from dataclasses import replace
+
+    from lmsys.kernels import flash, flash_triton, plans
+
+    def compile_instead(fn, grid, args, consts, names=None):
+        grid = grid(dict(consts)) if callable(grid) else grid
+        report(fn.warmup(*args, grid=grid, **consts), what, grid)
+
+    plans.launch = compile_instead
+    flash_triton.TUNER.choose = lambda key, shortlist, run, compile_one: shortlist[0]
+    policy = flash.default_policy()
+    for dtype in (torch.bfloat16, torch.float32):
+        for causal in (True, False):
+            for name, p in (("pair", policy), ("atomic", replace(policy, deterministic=False)),
+                            ("fused", replace(policy, fused_backward=True))):
+                what = f"{str(dtype)[6:]}/causal={causal}/{name}"
+                q = torch.empty(2, 2, 384, 64, dtype=dtype)
+                o, lse, _ = flash_triton._tl_forward(q, q, q, causal, p)
+                flash_triton._tl_backward(q, q, q, o, lse, q, causal, p)
+
+
+def gluon_kernels() -> None:
+    """flash_gluon's forward and backward at d 64 and 128: causal in both grid orders, and not causal."""
+    from lmsys.kernels import flash_gluon as gluon
+
+    Z, H, n = 2, 2, 1024
+    for d in (64, 128):
+        for causal, heads_fast in ((True, True), (True, False), (False, True)):
+            what = f"d{d}/causal={causal}/heads_fast={heads_fast}"
+            q, k, v, do, o = (torch.empty(Z, H, n, d, dtype=torch.bfloat16) for _ in range(5))
+            lse, delta = torch.empty(Z, H, n), torch.empty(Z, H, n)
+            c = dataclasses.replace(gluon.CONFIGS[d], heads_fast=heads_fast)
+            fast = causal and heads_fast
+            q_desc, k_desc, v_desc = gluon.descriptors(q, k, v, c.block_m // c.consumers, c.block_n)
+            grid = gluon.grid_order(n // c.block_m, Z * H, fast)
+            report(gluon._attn_fwd_ws.warmup(
+                q_desc, k_desc, v_desc, o, lse, gluon.LOG2E / math.sqrt(d), n, H, 1, grid=grid,
+                BLOCK_M=c.block_m, BLOCK_N=c.block_n, HEAD_DIM=d, STAGES=c.stages, CAUSAL=causal,
+                PIPELINE=c.pipeline, CONSUMERS=c.consumers, HEADS_FAST=fast, num_warps=c.warps // c.consumers,
+                maxnreg=c.maxnreg), what, grid)
+            prepare: list = []
+            gluon.backward(q, k, v, do, lse, delta, torch.zeros(Z, H, n, d), torch.empty_like(q), torch.empty_like(k),
+                           torch.empty_like(v), causal, dataclasses.replace(gluon.BWD_CONFIGS[d], heads_fast=heads_fast),
+                           prepare=prepare)
+            for compile_ in prepare:
+                report(compile_(), what, compile_.keywords["grid"])
+
+
+if __name__ == "__main__":
+    driver.set_active(HopperWithoutGPU())
+    {"tl": tl_kernels, "gluon": gluon_kernels}[sys.argv[1]]()
