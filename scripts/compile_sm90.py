@@ -124,7 +124,7 @@ def dump(folder: str, name: str, compiled) -> None:
 
 
 def constants(kernel: str, d: int, dtype: str, causal: bool, args) -> dict:
-    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=ft.head_dim_pad(d), IS_CAUSAL=causal,
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=ft.head_dim_pad(d), IS_CAUSAL=causal, HEADS_FAST=causal,
                   DOT_PRECISION="tf32x3" if dtype == "fp32" else "tf32")
     if kernel == "fwd":
         return {**common, "USE_TMA": args.tma, "WARP_SPEC": args.warp_specialize, "PERSISTENT": args.persistent}

@@ -147,7 +147,7 @@ def test_the_gluon_backward_is_precompiled_with_its_own_arguments(compiled, monk
             return layout is False or all(x.is_contiguous() for x in (q4, k4, v4, do4))
 
         @staticmethod
-        def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal, prepare=None):
+        def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal, prepare=None, heads_fast=True):
             calls.append((prepare is not None, _seen((q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4), {}, ())))
             if prepare is not None:
                 prepare.append(lambda: calls.append("compiled"))

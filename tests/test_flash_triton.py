@@ -688,19 +688,20 @@ def _compile_for_hopper(which: str) -> list[list[str]]:
 @pytest.mark.slow
 def test_tl_kernels_compile_for_hopper_without_a_gpu():
     """The interpreter runs the tl kernels' arithmetic but compiles nothing: every launch the launchers make
-    (bf16 and fp32, causal or not, the backward's pair, one atomic launch, fused launch) is compiled to an
-    sm_90 cubin, and causal grids put the tiles last (heads first, `_grid`)."""
+    (bf16 and fp32, causal or not, the backward's pair, one atomic launch, fused launch, heads_fast off) is
+    compiled to an sm_90 cubin, and causal grids put the tiles last (heads first, `_grid`) unless
+    Policy.heads_fast is off."""
     lines = _compile_for_hopper("tl")
     assert {name for name, *_ in lines} == {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_attn_bwd_preprocess"}
     for dtype in ("bfloat16", "float32"):
         for causal in ("True", "False"):
-            for backward in ("pair", "atomic", "fused"):
+            for backward in ("pair", "atomic", "fused", "head-by-head"):
                 assert any(what == f"{dtype}/causal={causal}/{backward}" for _, what, *_ in lines)
     for name, what, grid, shared in lines:
         dims = [int(x) for x in grid.removeprefix("grid=").split(",")]
         assert int(shared) <= 232448  # an H100's shared memory per block
         if name != "_attn_bwd_preprocess":  # (2, 2, 384, 64): batch 2, heads 2 first when causal
-            assert (dims[:2] == [2, 2]) == ("causal=True" in what), (name, what, dims)
+            assert (dims[:2] == [2, 2]) == ("causal=True" in what and "head-by-head" not in what), (name, what, dims)
 
 
 def test_gluon_kernels_compile_for_hopper_without_a_gpu():
@@ -771,7 +772,7 @@ class _FakeGluon:
     checked where no Hopper GPU runs it."""
 
     def __init__(self, gluon):
-        self.BWD_CONFIGS, self.calls = gluon.BWD_CONFIGS, []
+        self.BWD_CONFIGS, self.calls, self.heads_fast = gluon.BWD_CONFIGS, [], []
         self._supports = gluon.supports
 
     def usable(self, q4, k4, v4, config=None, layout=True):  # the forward stays the tl one here
@@ -782,8 +783,9 @@ class _FakeGluon:
         return (config is not None and self._supports(q4, k4, v4, config, layout)
                 and (not layout or do4.is_contiguous()))
 
-    def backward(self, q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal):
+    def backward(self, q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal, heads_fast=True):
         assert all(x.is_contiguous() for x in (q4, k4, v4, do4)) and dq32.dtype == torch.float32
+        self.heads_fast.append(heads_fast)
         assert dq4.dtype == q4.dtype and dq4.shape == q4.shape
         assert not dq32.any()  # zeroed: the kernel adds into it
         self.calls.append(q4.shape)
@@ -874,6 +876,30 @@ def test_flash_backward_takes_the_gluon_one_launch_where_the_policy_says(monkeyp
         assert kernels == ({"bwd"} if gluon else {"dq", "dkdv"}), (deterministic, min_keys, ran)
 
 
+def test_the_policys_grid_order_reaches_the_gluon_backward(monkeypatch):
+    """Policy.heads_fast (default on) is what the Gluon one launch is given; off, the results are the same."""
+    fake = _FakeGluon(_gluon_module())
+    monkeypatch.setattr(flash, "_gluon", lambda: fake)
+    q, k, v = _gqa_inputs((1,), 4, 2, 128, 128, 128, torch.bfloat16, seed=12)
+    for heads_fast in (True, False):
+        policy = replace(flash_triton.default_policy(), gluon_bwd_min_keys=128, host_bound_flops=0,
+                         heads_fast=heads_fast)
+        assert "bwd" in _run_and_compare(q, k, v, True, TOL[torch.bfloat16], policy=policy)
+    assert fake.heads_fast == [True, False]
+
+
+@pytest.mark.parametrize("fused, deterministic", [(False, None), (True, None), (None, False)])
+@pytest.mark.parametrize("heads_fast", [True, False])
+def test_causal_grids_in_either_order_match_float64(heads_fast, fused, deterministic):
+    """The tl kernels with causal grids heads-fast (the default: tiles on the grid's last dimension, counted
+    from the heaviest) or head by head, at batch 2 with grouped-query heads, n_q != n_k and lengths that are
+    no multiple of the tiles: the forward and every backward (the pair, fused, atomic) against float64."""
+    q, k, v = _gqa_inputs((2,), 4, 2, 75, 93, 32, torch.float32, seed=5)
+    policy = replace(flash_triton.default_policy(), heads_fast=heads_fast, fused_backward=fused, host_bound_flops=0)
+    ran = _run_and_compare(q, k, v, True, TOL[torch.float32], deterministic=deterministic, policy=policy)
+    assert ("dkdv+dq" in ran) == bool(fused) and ("dq" in ran) == (fused is False and deterministic is None)
+
+
 @pytest.mark.parametrize("args, message", [((128, 64, 2, 4, 168), "needs 64 or 128"),  # one warp group, m128
                                            ((32, 128, 2, 8, 168), "needs 64 or 128"),
                                            ((64, 64, 2, 8, 168), "needs 64 or 128"),
@@ -953,7 +979,7 @@ def test_forward_copies_strided_views_only_where_the_gluon_forward_was_measured_
             return not layout or all(x.is_contiguous() for x in (q4, k4, v4))
 
         @staticmethod
-        def forward(q4, k4, v4, o4, lse, is_causal, config=None):
+        def forward(q4, k4, v4, o4, lse, is_causal, config=None, heads_fast=True):
             assert all(x.is_contiguous() for x in (q4, k4, v4))
             o_ref, lse_ref = reference_attention(q4, k4, v4, is_causal)
             o4.copy_(o_ref)

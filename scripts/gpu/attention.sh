@@ -83,7 +83,7 @@ if part short; then
   SHORT="bench attention --device cuda --dtype bf16 --causal --batch-size 8 --heads 1 --context-length 8192 --d-head 64 --warmup 5 --steps 30"
   T=150 run short.md $SHORT --impl sdpa-cudnn,flash-triton --policy deterministic=true --policy deterministic=false \
     --policy gluon=false --policy gluon=false,deterministic=true --policy gluon=false,deterministic=false \
-    --policy pick=0 --policy pick=1 --policy pick=2 --policy pick=3
+    --policy pick=0 --policy pick=1 --policy pick=2 --policy pick=3 --policy heads_fast=false
   [ -e .probe/kernels_of.py ] && T=90 X python3 .probe/kernels_of.py --batch-size 8 --heads 1 --seq-len 8192 --d-head 64 > "$OUT/short_kernels.txt"
   cat "$OUT/short_kernels.txt" 2>/dev/null
 fi

@@ -12,7 +12,6 @@ signatures it builds, for a person asking what fits).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -60,7 +59,8 @@ def tl_kernels() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         for causal in (True, False):
             for name, p in (("pair", policy), ("atomic", replace(policy, deterministic=False)),
-                            ("fused", replace(policy, fused_backward=True))):
+                            ("fused", replace(policy, fused_backward=True)),
+                ("head-by-head", replace(policy, heads_fast=False))):
                 what = f"{str(dtype)[6:]}/causal={causal}/{name}"
                 q = torch.empty(2, 2, 384, 64, dtype=dtype)
                 o, lse, _ = flash_triton._tl_forward(q, q, q, causal, p)
@@ -77,7 +77,7 @@ def gluon_kernels() -> None:
             what = f"d{d}/causal={causal}/heads_fast={heads_fast}"
             q, k, v, do, o = (torch.empty(Z, H, n, d, dtype=torch.bfloat16) for _ in range(5))
             lse, delta = torch.empty(Z, H, n), torch.empty(Z, H, n)
-            c = dataclasses.replace(gluon.CONFIGS[d], heads_fast=heads_fast)
+            c = gluon.CONFIGS[d]
             fast = causal and heads_fast
             q_desc, k_desc, v_desc = gluon.descriptors(q, k, v, c.block_m // c.consumers, c.block_n)
             grid = gluon.grid_order(n // c.block_m, Z * H, fast)
@@ -88,8 +88,7 @@ def gluon_kernels() -> None:
                 maxnreg=c.maxnreg), what, grid)
             prepare: list = []
             gluon.backward(q, k, v, do, lse, delta, torch.zeros(Z, H, n, d), torch.empty_like(q), torch.empty_like(k),
-                           torch.empty_like(v), causal, dataclasses.replace(gluon.BWD_CONFIGS[d], heads_fast=heads_fast),
-                           prepare=prepare)
+                           torch.empty_like(v), causal, prepare=prepare, heads_fast=heads_fast)
             for compile_ in prepare:
                 report(compile_(), what, compile_.keywords["grid"])
 

@@ -79,6 +79,9 @@ class Policy:
     fused_backward: the tl atomics-free backward as one launch, the dK/dV kernel's programs followed by the
       dQ kernel's (each computing the D it needs): one launch and one allocation fewer, the same work, still
       bitwise reproducible. None = in host-bound calls only; True = wherever that backward runs; False = never.
+    heads_fast: causal grids with batch·heads first and the tiles last, so that every head's heaviest tile
+      starts before any head's next (the tl kernels; the Gluon backward, and its forward up to
+      flash_gluon.FWD_HEADS_FAST_WAVES programs an SM); False: one head's tiles after another's.
     """
 
     pick: int | None = None
@@ -97,6 +100,7 @@ class Policy:
     gluon_small_min_keys: tuple = ((False, 8192), (True, 16384))
     host_bound_flops: int = 2 ** 33
     fused_backward: bool | None = None
+    heads_fast: bool = True
 
     def __post_init__(self):
         # dicts and lists kept as hashable pairs
@@ -258,17 +262,17 @@ def _gluon():
     return flash_gluon if flash_gluon.available() else None
 
 
-def _gluon_forward(gluon, q4, k4, v4, is_causal: bool):
+def _gluon_forward(gluon, q4, k4, v4, is_causal: bool, heads_fast: bool):
     """flash_gluon's forward on inputs it took: (o4, lse, what ran)."""
     Z, H, n_q, d = q4.shape
     o4 = plans.alloc("o", (Z, H, n_q, d), q4.dtype, q4.device)
     lse = plans.alloc("lse", (Z, H, n_q), torch.float32, q4.device)
     with ft._device_guard(q4.device):
-        tiles = gluon.forward(q4, k4, v4, o4, lse, is_causal)
+        tiles = gluon.forward(q4, k4, v4, o4, lse, is_causal, heads_fast=heads_fast)
     return o4, lse, {"fwd": tiles}
 
 
-def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, prepare: list | None = None):
+def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, heads_fast: bool, prepare: list | None = None):
     """flash_gluon's one-launch backward on (contiguous) inputs it took: D first, then the kernel adds into a
     zeroed float32 dQ that it casts into q's dtype. (dq4, dk4, dv4, what ran); with `prepare` (see
     flash_triton._launch) None, the compiles appended."""
@@ -281,9 +285,10 @@ def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, prepare: 
     with ft._device_guard(q4.device):
         delta = ft._preprocess(o4, do4, prepare)
         if prepare is not None:
-            gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare)
+            gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare,
+                           heads_fast=heads_fast)
             return None
-        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal)
+        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, heads_fast=heads_fast)
     return dq, dk4, dv4, {"bwd": tiles}
 
 
@@ -313,7 +318,7 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
                 and gluon.usable(q4, k4, v4, layout=False):
             q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
         if gluon is not None and gluon.usable(q4, k4, v4):
-            return _gluon_forward(gluon, q4, k4, v4, is_causal)
+            return _gluon_forward(gluon, q4, k4, v4, is_causal, policy.heads_fast)
         return ft._tl_forward(q4, k4, v4, is_causal, policy)
     if gluon is not None and policy.deterministic is not True \
             and (policy.deterministic is False or n_k >= policy.gluon_bwd_min_keys) \
@@ -327,7 +332,7 @@ def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=No
                            for x in (q4, k4, v4, do4))
         if gluon.usable_backward(*copies):
             cq, ck, cv, cdo = copies
-            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal, prepare)
+            return _gluon_backward(gluon, cq, ck, cv, o4, lse3, cdo, is_causal, policy.heads_fast, prepare)
     return ft._tl_backward(q4, k4, v4, o4, lse3, do4, is_causal, policy, prepare)
 
 

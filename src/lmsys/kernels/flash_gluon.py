@@ -46,7 +46,6 @@ class Config:
     warps: int
     maxnreg: int
     consumers: int = 1
-    heads_fast: bool = True
 
     def __post_init__(self):
         if self.block_m != 16 * self.warps:  # one m64 wgmma per warp group of four warps
@@ -86,7 +85,6 @@ class BwdConfig:
     warps: int
     maxnreg: int
     early_dp: bool = False
-    heads_fast: bool = True
 
     def __post_init__(self):
         if (self.block_m not in (64, 128) or self.warps % 4 or (self.warps // 4) % (self.block_m // 64)
@@ -564,11 +562,12 @@ def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, config: Config 
             and supports(q4, k4, v4, config, layout))
 
 
-# Causal grids run heads-fast (`grid_order`): the backward always, the forward up to this many programs an
-# SM (one resides at a time). An H200, bf16, kernels alone (docs/kernels.md, "Grid order"): at 8 × 1 × 4,096
-# and 8,192 (256 and 512 programs) the forward −16 to −24 %, the backward −17 to −32 %; from 1,024 programs
-# the backward −0 to −4 %, the forward +0 to +5 % (the leaderboard's d 128: 1.67 → 1.76 ms, its K and V
-# no longer shared in L2 by the programs running together).
+# Causal grids run heads-fast (`grid_order`, unless Policy.heads_fast is off): the backward always, the
+# forward up to this many programs an SM (one resides at a time). An H200, bf16, kernels alone
+# (docs/kernels.md, "Grid order"): at 8 × 1 × 4,096 and 8,192 (256 and 512 programs) the forward −16 to
+# −24 %, the backward −17 to −32 %; from 1,024 programs the backward −0 to −4 %, the forward +0 to +5 %
+# (the leaderboard's d 128: 1.67 → 1.76 ms, its K and V no longer shared in L2 by the programs running
+# together).
 FWD_HEADS_FAST_WAVES = 4
 
 
@@ -581,12 +580,13 @@ def grid_order(tiles: int, heads: int, heads_fast: bool) -> tuple:
     return (heads, tiles) if heads_fast else (tiles, heads)
 
 
-def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None) -> str:
-    """Fill o4 [Z, H, N, d] and lse [Z, H, N] (float32) for inputs `usable` accepted; the tiles it ran."""
+def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None, heads_fast: bool = True) -> str:
+    """Fill o4 [Z, H, N, d] and lse [Z, H, N] (float32) for inputs `usable` accepted; the tiles it ran.
+    heads_fast (causal, up to FWD_HEADS_FAST_WAVES programs an SM): `grid_order`'s."""
     Z, H, n, d = q4.shape
     c = config or CONFIGS[d]
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m // c.consumers, c.block_n)
-    heads_fast = (bool(is_causal) and c.heads_fast
+    heads_fast = (bool(is_causal) and heads_fast
                   and (n // c.block_m) * Z * H <= FWD_HEADS_FAST_WAVES * sm_count(q4.device))
     plans.launch(_attn_fwd_ws, grid_order(n // c.block_m, Z * H, heads_fast),
                  (q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H, H // k4.shape[1]),
@@ -607,12 +607,13 @@ def usable_backward(q4, k4, v4, do4, config: BwdConfig | None = None, layout: bo
 
 
 def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
-             config: BwdConfig | None = None, prepare: list | None = None) -> str:
+             config: BwdConfig | None = None, prepare: list | None = None, heads_fast: bool = True) -> str:
     """dQ, dK, dV into dq4, dk4, dv4 from L and D = rowsum(dO ∘ O) ([Z, H, N] float32, contiguous), for
     inputs `usable_backward` accepted; the tiles it ran. dq32 (float32, [Z, H, N, d], zeroed) is the
     kernel's: it adds dS·K into it, and one pass casts that, times 1/√d, into dq4 (the scale is free there
     and costs a multiply per element per key tile in the kernel). prepare: a list that the two kernels'
-    compiles (their `warmup` with these arguments) are appended to instead of running them."""
+    compiles (their `warmup` with these arguments) are appended to instead of running them. heads_fast
+    (causal): `grid_order`'s."""
     Z, H, n, d = q4.shape
     c = config or BWD_CONFIGS[d]
     assert dq32.is_contiguous() and dq4.is_contiguous() and dq4.shape == dq32.shape  # _scale_cast is flat
@@ -621,7 +622,7 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
                                            gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
     elems = dq32.numel()
-    heads_fast = bool(is_causal) and c.heads_fast
+    heads_fast = bool(is_causal) and heads_fast
     launches = [
         (_attn_bwd_ws, grid_order(n // c.block_n, Z * k4.shape[1], heads_fast),
          (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),

@@ -53,9 +53,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv without its constexpr wrapper (the launchers run it on every call)
 
 
-def _grid(tiles: int, heads: int, batch: int, causal: bool) -> tuple:
-    """A plain grid; causal, tiles last: every head's heaviest tile before any's next (`_program`)."""
-    return (heads, batch, tiles) if causal else (tiles, heads, batch)
+def _grid(tiles: int, heads: int, batch: int, heads_fast: bool) -> tuple:
+    """A plain grid; heads-fast, tiles last: every head's heaviest tile before any's next (`_program`)."""
+    return (heads, batch, tiles) if heads_fast else (tiles, heads, batch)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -492,7 +492,7 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
               stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
               stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
               Z, H, GROUP, N_Q, N_K,
-              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HEADS_FAST: tl.constexpr,
               DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
               PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (query tile, query head, batch); with PERSISTENT, a 1-D grid of at most one program
@@ -521,7 +521,7 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
                           pid_m, zh % H, zh // H, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION, USE_TMA,
                           WARP_SPEC, BLOCK_M, BLOCK_N)
     else:
-        pid_m, off_h, off_z = _program(IS_CAUSAL, True)
+        pid_m, off_h, off_z = _program(HEADS_FAST, IS_CAUSAL)
         _fwd_tile(Q, K, V, O, L, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                   stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, H, GROUP, N_Q, N_K,
                   pid_m, off_h, off_z, HEAD_DIM, HEAD_DIM_PAD, IS_CAUSAL, DOT_PRECISION,
@@ -529,13 +529,13 @@ def _attn_fwd(Q, K, V, O, L, sm_scale,
 
 
 @triton.jit
-def _program(IS_CAUSAL: tl.constexpr, LAST_FIRST: tl.constexpr):
-    """(tile, head, batch) of this program. Causal grids are (heads, batch, tiles) (`_grid`): the tiles
-    with the most work, the last query tiles (LAST_FIRST) or the first key tiles, of every head first."""
-    if IS_CAUSAL:
-        t = tl.program_id(2)
-        return tl.num_programs(2) - 1 - t if LAST_FIRST else t, tl.program_id(0), tl.program_id(1)
-    return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _program(HEADS_FAST: tl.constexpr, LAST_FIRST: tl.constexpr):
+    """(tile, head, batch) of this program; tiles from the last with LAST_FIRST; HEADS_FAST: `_grid`'s."""
+    if HEADS_FAST:
+        t, n = tl.program_id(2), tl.num_programs(2)
+        return n - 1 - t if LAST_FIRST else t, tl.program_id(0), tl.program_id(1)
+    t, n = tl.program_id(0), tl.num_programs(0)
+    return n - 1 - t if LAST_FIRST else t, tl.program_id(1), tl.program_id(2)
 
 
 @triton.jit
@@ -622,17 +622,17 @@ def _attn_bwd_dkdv(Q, K, V, O, DO, L, Delta, DK, DV, DQ, sm_scale,
                    stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                    stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn,
                    stride_dvz, stride_dvh, stride_dvn, stride_dqz, stride_dqh, stride_dqm,
-                   H, GROUP, N_Q, N_K,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-                   TMA_DQ: tl.constexpr, WITH_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   H, GROUP, N_Q, N_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   HEADS_FAST: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                   USE_TMA: tl.constexpr, TMA_DQ: tl.constexpr, WITH_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     """One program per (key tile, key/value head): walks the query tiles of every query head of its group
     that see it. No atomics for dK, dV (it owns those rows); with ATOMIC_DQ it also adds into DQ (float32).
     WITH_DQ (the whole backward in one launch, without atomics: host-bound calls): programs past the key
     tiles are _attn_bwd_dq's, GROUP · query tiles of them per key/value head, and every program computes
     the D it needs (Delta is not read)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    pid, off_hk, off_z = _program(IS_CAUSAL, False)
+    pid, off_hk, off_z = _program(HEADS_FAST, False)
     if WITH_DQ:
         n_kt = tl.cdiv(N_K, BLOCK_N)
         if pid >= n_kt:
@@ -713,12 +713,12 @@ def _attn_bwd_dq(Q, K, V, O, DO, L, Delta, DQ, sm_scale,
                  stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                  stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
                  H, GROUP, N_Q, N_K,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HEADS_FAST: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (query tile, query head): walks the key tiles it sees (it owns its dQ rows). It
     also computes its rows of D = rowsum(dO ∘ O) and stores them for the dK/dV kernel, which runs after
     it: the preprocess launch is needed only by the one-launch (atomic) backward."""
-    pid_m, off_h, off_z = _program(IS_CAUSAL, True)
+    pid_m, off_h, off_z = _program(HEADS_FAST, IS_CAUSAL)
     _dq_program(Q, K, V, O, DO, L, Delta, DQ, sm_scale, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh,
                 stride_kn, stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh,
                 stride_dom, stride_dqz, stride_dqh, stride_dqm, H, GROUP, N_Q, N_K, pid_m, off_h, off_z, HEAD_DIM,
@@ -830,22 +830,21 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
 
-    persistent = bool(policy.persistent)
+    persistent, heads_fast = bool(policy.persistent), bool(is_causal and policy.heads_fast)
     programs = _persistent_programs(q4.device) if persistent else 0
 
     def grid(meta):
         if persistent:
             return (min(programs, _cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
-        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, is_causal)
+        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, heads_fast)
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
             *o4.stride()[:3], Z, H, H // k4.shape[1], n_q, n_k)
     warp_spec = (bool(policy.warp_specialize) and (not use_tma or policy.warp_spec_with_tma)
                  and bool(warp_spec_configs(policy.configs_for("fwd", q4.dtype), d_pad=head_dim_pad(d),
                                             elem=q4.element_size(), smem=shared_memory(q4.device))))
-    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
-                  DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma, WARP_SPEC=warp_spec,
-                  PERSISTENT=persistent)
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal), HEADS_FAST=heads_fast,
+                  DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma, WARP_SPEC=warp_spec, PERSISTENT=persistent)
     with _device_guard(q4.device):
         tiles = _launch("fwd", grid, args, consts, policy, q4, shape=(Z, H, H // k4.shape[1], n_q, n_k),
                         names=("q", "k", "v", "o", "lse"))
@@ -883,16 +882,17 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     use_tma = _tma_usable(policy, q4, k4, v4, do4, backward=True)
     if use_tma and q4.device.type == "cuda" and prepare is None:
         _set_tma_allocator()
-    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal),
+    heads_fast = bool(is_causal and policy.heads_fast)
+    consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal), HEADS_FAST=heads_fast,
                   DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma)
     shapes = (H, H // H_kv, n_q, n_k)
 
     def grid_keys(meta):  # with the fused dQ programs after the key tiles: GROUP · query tiles of them
         return _grid(_cdiv(n_k, meta["BLOCK_N"]) + fused * (H // H_kv) * _cdiv(n_q, meta["BLOCK_M"]), H_kv, Z,
-                     is_causal)
+                     heads_fast)
 
     def grid_queries(meta):
-        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, is_causal)
+        return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, heads_fast)
 
     ran = {}
     with _device_guard(q4.device):
