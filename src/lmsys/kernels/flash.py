@@ -80,7 +80,8 @@ class Policy:
       dQ kernel's (each computing the D it needs): one launch and one allocation fewer, the same work, still
       bitwise reproducible. None = in host-bound calls only; True = wherever that backward runs; False = never.
     heads_fast: causal grids with batch·heads first and the tiles last, so that every head's heaviest tile
-      starts before any head's next (the tl kernels; the Gluon backward, and its forward up to
+      starts before any head's next (the tl kernels, but for the fused backward of host-bound calls and
+      past flash_triton.MAX_FAST_ROWS keys; the Gluon backward, and its forward up to
       flash_gluon.FWD_HEADS_FAST_WAVES programs an SM); False: one head's tiles after another's.
     """
 

@@ -102,7 +102,7 @@ DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Gluon's API moves between triton releases (3.5's warp_specialize takes other arguments; 3.9 renamed the
 # TMA copies): the kernel runs only with the release it was written and measured with.
 TRITON_RELEASES = ("3.6",)
-MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension: batch·heads here when not heads-fast
+MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension: batch·heads, or heads-fast the tiles
 
 
 def available() -> bool:
@@ -586,7 +586,7 @@ def forward(q4, k4, v4, o4, lse, is_causal: bool, config: Config | None = None, 
     Z, H, n, d = q4.shape
     c = config or CONFIGS[d]
     q_desc, k_desc, v_desc = descriptors(q4, k4, v4, c.block_m // c.consumers, c.block_n)
-    heads_fast = (bool(is_causal) and heads_fast
+    heads_fast = (bool(is_causal) and heads_fast and n // c.block_m <= MAX_GRID_Y
                   and (n // c.block_m) * Z * H <= FWD_HEADS_FAST_WAVES * sm_count(q4.device))
     plans.launch(_attn_fwd_ws, grid_order(n // c.block_m, Z * H, heads_fast),
                  (q_desc, k_desc, v_desc, o4, lse, LOG2E / math.sqrt(d), n, H, H // k4.shape[1]),
@@ -622,7 +622,7 @@ def backward(q4, k4, v4, do4, lse, delta, dq32, dq4, dk4, dv4, is_causal: bool,
     dq_desc = TensorDescriptor.from_tensor(dq32.view(-1, d), [c.block_m, d],
                                            gl.NVMMASharedLayout.get_default_for([c.block_m, d], gl.float32))
     elems = dq32.numel()
-    heads_fast = bool(is_causal) and heads_fast
+    heads_fast = bool(is_causal) and heads_fast and n // c.block_n <= MAX_GRID_Y  # the tiles on the 2nd dim
     launches = [
         (_attn_bwd_ws, grid_order(n // c.block_n, Z * k4.shape[1], heads_fast),
          (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d),

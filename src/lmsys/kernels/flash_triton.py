@@ -53,6 +53,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv without its constexpr wrapper (the launchers run it on every call)
 
 
+MAX_FAST_ROWS = 65535 * 16  # heads-fast grids put the tiles (16 rows or more) on a grid dim of at most 65,535
+
+
 def _grid(tiles: int, heads: int, batch: int, heads_fast: bool) -> tuple:
     """A plain grid; heads-fast, tiles last: every head's heaviest tile before any's next (`_program`)."""
     return (heads, batch, tiles) if heads_fast else (tiles, heads, batch)
@@ -75,14 +78,12 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr):
 def _load(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     """A 2-D tile [R, C], masked (zeros) only along the dims that need it: rows_ok [R], cols_ok [C]."""
     if MASK_ROWS and MASK_COLS:
-        x = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
-    elif MASK_ROWS:
-        x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
-    elif MASK_COLS:
-        x = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
-    else:
-        x = tl.load(ptrs)
-    return x
+        return tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+    if MASK_ROWS:
+        return tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    if MASK_COLS:
+        return tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
+    return tl.load(ptrs)
 
 
 @triton.jit
@@ -829,13 +830,12 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     use_tma = _tma_usable(policy, q4, k4, v4)
     if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
-
-    persistent, heads_fast = bool(policy.persistent), bool(is_causal and policy.heads_fast)
-    programs = _persistent_programs(q4.device) if persistent else 0
+    persistent = bool(policy.persistent)
+    heads_fast = bool(is_causal) and policy.heads_fast and max(n_q, n_k) <= MAX_FAST_ROWS
 
     def grid(meta):
         if persistent:
-            return (min(programs, _cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
+            return (min(_persistent_programs(q4.device), _cdiv(n_q, meta["BLOCK_M"]) * H * Z),)
         return _grid(_cdiv(n_q, meta["BLOCK_M"]), H, Z, heads_fast)
 
     args = (q4, k4, v4, o4, lse, 1.0 / math.sqrt(d), *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
@@ -882,7 +882,7 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     use_tma = _tma_usable(policy, q4, k4, v4, do4, backward=True)
     if use_tma and q4.device.type == "cuda" and prepare is None:
         _set_tma_allocator()
-    heads_fast = bool(is_causal and policy.heads_fast)
+    heads_fast = bool(is_causal and policy.heads_fast and not fused and max(n_q, n_k) <= MAX_FAST_ROWS)
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), IS_CAUSAL=bool(is_causal), HEADS_FAST=heads_fast,
                   DOT_PRECISION=_dot_precision(q4), USE_TMA=use_tma)
     shapes = (H, H // H_kv, n_q, n_k)
