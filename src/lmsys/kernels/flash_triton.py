@@ -831,7 +831,7 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     if use_tma and q4.device.type == "cuda":
         _set_tma_allocator()
     persistent = bool(policy.persistent)
-    heads_fast = bool(is_causal) and policy.heads_fast and max(n_q, n_k) <= MAX_FAST_ROWS
+    heads_fast = bool(is_causal and policy.heads_fast and max(n_q, n_k) <= MAX_FAST_ROWS)
 
     def grid(meta):
         if persistent:
