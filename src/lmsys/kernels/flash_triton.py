@@ -462,7 +462,7 @@ def _tuned(kernel: str, fn, grid, args: tuple, consts: dict, q: torch.Tensor, sh
         return config
     fitting = _candidates(kernel, base_configs(kernel, q.dtype), consts, q)
     rows, heads = (key[-3], key[-2] // key[-1]) if kernel == "dkdv" else (key[-4], key[-2])
-    programs = sm_count(q.device) if q.device.type == "cuda" else INTERPRETER_PROGRAMS
+    programs = _persistent_programs(q.device)  # the SMs the shortlist sizes its waves against
     shortlist = _shortlist(kernel, fitting, d_pad=consts["HEAD_DIM_PAD"], rows=rows, heads=max(heads, 1),
                            programs=programs, fp32=q.dtype == torch.float32)
 
