@@ -285,12 +285,9 @@ def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, heads_fas
     dv4 = plans.alloc("dv", (Z, H_kv, n_k, d), v4.dtype, q4.device)
     with ft._device_guard(q4.device):
         delta = ft._preprocess(o4, do4, prepare)
-        if prepare is not None:
-            gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare,
-                           heads_fast=heads_fast)
-            return None
-        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, heads_fast=heads_fast)
-    return dq, dk4, dv4, {"bwd": tiles}
+        tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare,
+                               heads_fast=heads_fast)
+    return None if prepare is not None else (dq, dk4, dv4, {"bwd": tiles})
 
 
 def _dispatch(direction: str, policy: Policy, is_causal: bool, q4, k4, v4, o4=None, lse3=None, do4=None,
