@@ -276,11 +276,17 @@ def test_lmsys_flash_plans_0_turns_them_off():
     assert (on.stdout.strip(), off.stdout.strip(), interpreted.stdout.strip()) == ("True", "False", "False")
 
 
-def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch):
+@pytest.mark.parametrize("hooked", [False, True])
+def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch, hooked):
     """Where kernels are compiled, a step calls the CompiledKernel's launcher with the grid, the stream,
     the function handle, the packed metadata, the launch metadata the kernel gives, the hooks, and every
-    argument with the new call's tensors in their places (a fake kernel records the call, on the CPU)."""
+    argument with the new call's tensors in their places: their addresses, or the tensors themselves where
+    a launch hook (a profiler's) may read them (a fake kernel records the call, on the CPU)."""
+    from triton import knobs
+
     monkeypatch.setattr(plans, "INTERPRET", False)
+    if hooked:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     calls = []
 
     class Compiled:  # what the normal launch returned
@@ -315,11 +321,16 @@ def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch):
     o2, d2 = plan.run({"do": q2})
     assert len(calls) == 1
     (*head, o_arg, q_arg, d_arg), rest = calls[0][:12], calls[0][12:]
-    from triton import knobs
-
-    hooks = [knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook]
-    assert head[:7] == [16, 2, 1, "stream", "function", "packed", "launch metadata"] and head[7:] == hooks
-    assert o_arg is o2 and q_arg is q2 and d_arg is d2 and o2.data_ptr() != o.data_ptr()
+    if hooked:
+        hooks = [knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook]
+        assert head[:7] == [16, 2, 1, "stream", "function", "packed", "launch metadata"] and head[7:] == hooks
+    else:  # Triton's empty hook chains: no launch metadata built, no hook for the launcher to call
+        assert head == [16, 2, 1, "stream", "function", "packed", None, None, None]
+    if hooked:
+        assert o_arg is o2 and q_arg is q2 and d_arg is d2
+    else:
+        assert [o_arg, q_arg, d_arg] == [o2.data_ptr(), q2.data_ptr(), d2.data_ptr()]
+    assert o2.data_ptr() != o.data_ptr()
     assert list(rest) == [4, 1, 4, 4, 1, 4, 1, 3, 4, 4, 16]  # the rest as recorded, constexprs included
 
 

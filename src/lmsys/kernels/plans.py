@@ -196,11 +196,20 @@ class Step:
         if direct:
             self.run, self.function, self.packed = kernel.run, kernel.function, kernel.packed_metadata
 
-    def args(self, env: dict) -> list:
+    def args(self, env: dict, ints: bool = False) -> list:
+        """The arguments on `env`'s tensors; `ints`: plain tensors as their addresses, which Triton's launcher
+        takes as they are where for a tensor it calls data_ptr() and then cuPointerGetAttribute (a driver
+        call under the driver's lock); the plan's key has already checked device, dtype and alignment."""
         args = self.template.copy()
         for i, name, desc in self.slots:
-            args[i] = env[name] if desc is None else _rebase(desc, env[name])
+            t = env[name]
+            args[i] = (t.data_ptr() if ints else t) if desc is None else _rebase(desc, t)
         return args
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: None, or (triton 3.6 and 3.9) an empty HookChain, is not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _compiled(kernel) -> bool:
@@ -287,15 +296,19 @@ class Plan:
         if self.direct:
             stream = _driver.active.get_current_stream(self.device_index)
             enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+            hooked = _hooked(enter) or _hooked(leave)  # a launch hook (a profiler's) may read the tensors
+            if not hooked:  # Triton's empty chains: the launcher skips None, and no launch metadata is built
+                enter = leave = meta = None
         for step in self.steps:
             if type(step) is Copy:
                 step.apply(env)
                 continue
-            args = step.args(env)
             if step.direct:  # as JITFunction.run launches a kernel it found in its cache
+                args = step.args(env, not hooked)
                 g0, g1, g2 = step.grid
-                meta = step.kernel.launch_metadata(step.grid, stream, *args)
+                if hooked:
+                    meta = step.kernel.launch_metadata(step.grid, stream, *args)
                 step.run(g0, g1, g2, stream, step.function, step.packed, meta, enter, leave, *args)
             else:  # the interpreter: the same arguments through Triton's own launch
-                step.fn[step.grid](*args, **step.options)
+                step.fn[step.grid](*step.args(env), **step.options)
         return [env[name] if view is None else env[name].view(view) for name, view in self.outputs]
