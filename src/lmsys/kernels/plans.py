@@ -297,8 +297,8 @@ class Plan:
             stream = _driver.active.get_current_stream(self.device_index)
             enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
             hooked = _hooked(enter) or _hooked(leave)  # a launch hook (a profiler's) may read the tensors
-            if not hooked:  # Triton's empty chains: the launcher skips None, and no launch metadata is built
-                enter = leave = meta = None
+            if not hooked:  # Triton's empty chains: the launcher skips None hooks (and needs no metadata)
+                enter = leave = None
         for step in self.steps:
             if type(step) is Copy:
                 step.apply(env)
@@ -306,8 +306,7 @@ class Plan:
             if step.direct:  # as JITFunction.run launches a kernel it found in its cache
                 args = step.args(env, not hooked)
                 g0, g1, g2 = step.grid
-                if hooked:
-                    meta = step.kernel.launch_metadata(step.grid, stream, *args)
+                meta = step.kernel.launch_metadata(step.grid, stream, *args) if hooked else None
                 step.run(g0, g1, g2, stream, step.function, step.packed, meta, enter, leave, *args)
             else:  # the interpreter: the same arguments through Triton's own launch
                 step.fn[step.grid](*step.args(env), **step.options)
