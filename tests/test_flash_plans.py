@@ -377,3 +377,40 @@ def test_direct_launch_matches_the_normal_path_on_a_gpu(lead, n_q, n_k, d, causa
             else:
                 assert torch.equal(x, y), name
         _check_reference(q, k, v, causal, do, got)
+
+
+def test_the_backward_keys_on_its_forwards_key_and_do(planned):
+    """FlashAttentionTriton's backward key is its forward's key and dO's shape, strides, dtype and alignment
+    (q, k, v, O and L follow from the forward's): dO in another layout is a miss with its own plan, the same
+    again a hit; launch_backward without the forward's key keys all six tensors, a plan apart. Gradients
+    within tolerance of float64 on every call."""
+    q, k, v = _qkv((1, 2), 24, 40, 16, torch.float32)
+    do = torch.randn(1, 2, 24, 16).to(DEVICE)
+    do_t = torch.randn(1, 2, 16, 24).to(DEVICE).transpose(-1, -2)  # same shape, other strides
+    for do_, plans_kept in ((do, 2), (do, 2), (do_t, 3), (do_t, 3)):
+        got, _ = _fwd_bwd(q, k, v, True, do_)
+        _check_reference(q, k, v, True, do_, got)
+        assert len(planned._PLANS) == plans_kept
+    o, lse = got[:2]
+    before = dict(planned.STATS)
+    grads = flash.launch_backward(q, k, v, o.detach(), lse, do, True, policy=flash.default_policy())[:3]
+    assert planned.STATS["misses"] == before["misses"] + 1 and len(planned._PLANS) == 4
+    _check_reference(q, k, v, True, do, (o, lse, *grads))
+
+
+def test_a_plan_remakes_an_allocation_like_an_input_only_where_its_strides_match(planned):
+    """An allocation is made by torch.empty_like of an input with its shape, dtype, device and strides (dQ
+    like q); k and v as views of wider tensors have other strides, and no other input has their length, so
+    dK and dV are allocated as recorded. Replayed gradients are contiguous, the normal path's bits."""
+    q = torch.randn(1, 2, 24, 16).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(1, 2, 40, 32).to(DEVICE)[..., :16].requires_grad_() for _ in range(2))
+    do = torch.randn(1, 2, 24, 16).to(DEVICE)
+    for _ in range(2):
+        got, _ = _fwd_bwd(q, k, v, False, do)
+    bwd = next(p for key, p in planned._PLANS.items() if key[0][0] == "bwd")
+    like = {name: src for name, *_rest, src in bwd.allocs}
+    assert like["dq"] == "q" and like["dk"] is None and like["dv"] is None
+    assert all(g.is_contiguous() for g in got[2:])
+    planned.ENABLED = False
+    normal, _ = _fwd_bwd(q, k, v, False, do)
+    assert all(torch.equal(x, y) for x, y in zip(got, normal))

@@ -379,16 +379,18 @@ def _first_call() -> None:
 
 
 def launch_forward(q, k, v, is_causal: bool = False, *, policy: Policy | None = None,
-                   precompile_backward: bool = False):
+                   precompile_backward: bool = False, key: tuple | None = None):
     """(o [..., n_q, d] in q's dtype, L [..., n_q] float32, what ran: {"fwd": tiles}). k, v may have fewer
     heads than q (dim -3). precompile_backward: a backward will follow (see _precompile_backward).
     A call whose key (lmsys.kernels.plans: shapes, strides, dtypes, device, alignment, causal, policy) was
-    seen replays that call's plan: no checks (the key passed them), two allocations, one direct launch."""
+    seen replays that call's plan: no checks (the key passed them), two allocations, one direct launch.
+    key: this call's `plans.key`, where the caller computed it (FlashAttentionTriton keeps it for the backward)."""
     policy = policy or default_policy()
     is_causal = bool(is_causal)
     if not plans.ENABLED:
         return _forward(q, k, v, is_causal, policy, precompile_backward)
-    key = plans.key(("fwd", is_causal, policy), (q, k, v))
+    if key is None:
+        key = plans.key(("fwd", is_causal, policy), (q, k, v))
     plan = plans.lookup(key)
     if plan is plans.NORMAL:
         return _forward(q, k, v, is_causal, policy, precompile_backward)
@@ -425,15 +427,21 @@ def _forward(q, k, v, is_causal: bool, policy: Policy, precompile_backward: bool
     return o4.view(q.shape), lse.view(q.shape[:-1]), ran
 
 
-def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None):
+def launch_backward(q, k, v, o, lse, do, is_causal: bool = False, *, policy: Policy | None = None,
+                    forward_key: tuple | None = None):
     """(dq, dk, dv in the inputs' dtypes, what ran: {"dq", "dkdv"}, {"dkdv+dq"} or {"bwd"} -> tiles), from the saved L;
     dk, dv summed over each key/value head's group of query heads. A seen key replays its plan, as
-    launch_forward does."""
+    launch_forward does. forward_key: the key of the launch_forward call whose inputs q, k, v are and whose
+    outputs o, L are, with this policy and is_causal: the backward's key is then that and dO's alone (o's and
+    L's shapes, strides, dtypes and alignment follow from it: `alloc`'s fresh tensors), a third of the cost."""
     policy = policy or default_policy()
     is_causal = bool(is_causal)
     if not plans.ENABLED:
         return _backward(q, k, v, o, lse, do, is_causal, policy)
-    key = plans.key(("bwd", is_causal, policy), (q, k, v, o, lse, do))
+    if forward_key is None:
+        key = plans.key(("bwd", is_causal, policy), (q, k, v, o, lse, do))
+    else:
+        key = plans.key(("bwd", forward_key), (do,))
     plan = plans.lookup(key)
     if plan is plans.NORMAL:
         return _backward(q, k, v, o, lse, do, is_causal, policy)
@@ -492,16 +500,19 @@ class FlashAttentionTriton(torch.autograd.Function):
         policy = policy or default_policy()
         if deterministic is not None and policy.deterministic is not bool(deterministic):
             policy = replace(policy, deterministic=bool(deterministic))
-        o, lse, ran = launch_forward(q, k, v, bool(is_causal), policy=policy,
-                                     precompile_backward=True in ctx.needs_input_grad)
+        is_causal = bool(is_causal)
+        key = plans.key(("fwd", is_causal, policy), (q, k, v)) if plans.ENABLED else None
+        o, lse, ran = launch_forward(q, k, v, is_causal, policy=policy,
+                                     precompile_backward=True in ctx.needs_input_grad, key=key)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.policy, ctx.ran = bool(is_causal), policy, ran
+        ctx.is_causal, ctx.policy, ctx.ran, ctx.key = is_causal, policy, ran, key
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv, ran = launch_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy)
+        dq, dk, dv, ran = launch_backward(q, k, v, o, lse, do, ctx.is_causal, policy=ctx.policy,
+                                          forward_key=ctx.key)
         ctx.ran = {**ctx.ran, **ran}
         return dq, dk, dv, None, None, None
 
