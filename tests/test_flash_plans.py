@@ -217,7 +217,7 @@ def test_build_refuses_what_it_cannot_name(monkeypatch):
 
     def recorded(args, names):
         rec = plans.Recording()
-        rec.allocs["o"] = (out, (4, 8), torch.float32, out.device, False)
+        rec.allocs["o"] = (out, (4, 8), torch.float32, out.device)
         rec.steps.append((flash_triton._attn_bwd_preprocess, None, (1, 1, 1), args, {}, names))
         return plans.Plan.build(rec, {"q": q}, (out,), {})
 
@@ -299,7 +299,7 @@ def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch, hooked):
             calls.append(args)
 
         def launch_metadata(self, grid, stream, *args):  # as JITFunction.run asks for it
-            assert grid == (16, 2, 1) and stream == "stream" and len(args) == 14
+            assert grid == (16, 2, 1) and stream == "stream" and len(args) == 15
             return "launch metadata"
 
     class Driver:
@@ -307,27 +307,28 @@ def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch, hooked):
             get_current_stream = staticmethod(lambda device: "stream")
 
     monkeypatch.setattr(plans, "_driver", Driver)
-    o, d = torch.empty(3, 4), torch.empty(3)
+    o, d, g = torch.empty(3, 4), torch.empty(3), torch.empty(3, 4)
     q = torch.randn(3, 4)
     rec = plans.Recording()
-    rec.allocs["o"] = (o, (3, 4), torch.float32, o.device, False)
-    rec.allocs["delta"] = (d, (3,), torch.float32, d.device, False)
+    rec.allocs["o"] = (o, (3, 4), torch.float32, o.device)
+    rec.allocs["delta"] = (d, (3,), torch.float32, d.device)
+    rec.allocs["dq32"] = (g, (3, 4), torch.float32, g.device)
     rec.steps.append((flash_triton._attn_bwd_preprocess, Compiled(), lambda meta: (meta["BLOCK_M"], 2),
-                      (o, q, d, 4, 1, 4, 4, 1, 4, 1, 3), dict(HEAD_DIM=4, HEAD_DIM_PAD=4, BLOCK_M=16),
-                      ("o", "do", "delta")))
+                      (o, q, d, g, 4, 1, 4, 4, 1, 4, 1, 3), dict(HEAD_DIM=4, HEAD_DIM_PAD=4, BLOCK_M=16),
+                      ("o", "do", "delta", "dq32")))
     plan = plans.Plan.build(rec, {"do": q}, (o, d), {"pre": "16"})
     assert isinstance(plan, plans.Plan) and plan.direct and not plan.scratch
     q2 = torch.randn(3, 4)
     o2, d2 = plan.run({"do": q2})
     assert len(calls) == 1
-    (*head, o_arg, q_arg, d_arg), rest = calls[0][:12], calls[0][12:]
+    (*head, o_arg, q_arg, d_arg, g_arg), rest = calls[0][:13], calls[0][13:]
     if hooked:
         hooks = [knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook]
         assert head[:7] == [16, 2, 1, "stream", "function", "packed", "launch metadata"] and head[7:] == hooks
-        assert o_arg is o2 and q_arg is q2 and d_arg is d2
+        assert o_arg is o2 and q_arg is q2 and d_arg is d2 and g_arg.shape == (3, 4)
     else:  # Triton's empty hook chains: no launch metadata built, no hook for the launcher to call
         assert head == [16, 2, 1, "stream", "function", "packed", None, None, None]
-        assert [o_arg, q_arg, d_arg] == [o2.data_ptr(), q2.data_ptr(), d2.data_ptr()]
+        assert [o_arg, q_arg, d_arg] == [o2.data_ptr(), q2.data_ptr(), d2.data_ptr()] and isinstance(g_arg, int)
     assert o2.data_ptr() != o.data_ptr()
     assert list(rest) == [4, 1, 4, 4, 1, 4, 1, 3, 4, 4, 16]  # the rest as recorded, constexprs included
 

@@ -147,6 +147,21 @@ def test_atomic_backward_matches_float64(case):
     assert set(ran) == {"fwd", "dkdv"}  # no dQ kernel ran
 
 
+def test_the_preprocess_computes_d_and_zeroes_every_row_of_the_float32_dq_and_nothing_past_it():
+    """The one-launch backwards' first launch: D = rowsum(dO ∘ O) against float64, and zeros into the float32
+    dQ they add into (a buffer of NaNs here, as a reused allocation may hold), not one element past its end.
+    Batch 1, 3 heads, 37 rows (not a multiple of the row tile), d 40 (padded to 64), O a strided view."""
+    Z, H, n, d = 1, 3, 37, 40
+    o = torch.randn(Z, n, H, d, device=DEVICE).to(torch.bfloat16).transpose(1, 2)
+    do = torch.randn(Z, H, n, d, device=DEVICE).to(torch.bfloat16)
+    size = Z * H * n * d
+    buf = torch.full((size + 64,), float("nan"), device=DEVICE)
+    dq32 = buf[:size].view(Z, H, n, d)
+    delta = flash_triton._preprocess(o, do, dq32, "dq32")
+    assert torch.allclose(delta.double(), (o.double() * do.double()).sum(-1), rtol=1e-5, atol=1e-5)
+    assert (dq32 == 0).all() and buf[size:].isnan().all()
+
+
 # Policy.fused_backward: None (the default: fused in host-bound calls, as every test input here is), False
 # (the two atomics-free kernels), True with descriptors off (the fused one on a call not host-bound).
 BACKWARDS = {None: {"fwd", "dkdv+dq"}, False: {"fwd", "dq", "dkdv"}, True: {"fwd", "dkdv+dq"}}

@@ -279,12 +279,12 @@ def _gluon_backward(gluon, q4, k4, v4, o4, lse3, do4, is_causal: bool, heads_fas
     flash_triton._launch) None, the compiles appended."""
     Z, H, n_q, d = q4.shape
     H_kv, n_k = k4.shape[1], k4.shape[2]
-    dq32 = plans.alloc("dq32", (Z, H, n_q, d), torch.float32, q4.device, zero=prepare is None)
+    dq32 = plans.alloc("dq32", (Z, H, n_q, d), torch.float32, q4.device)  # zeroed by the preprocess
     dq = plans.alloc("dq", tuple(q4.shape), q4.dtype, q4.device)
     dk4 = plans.alloc("dk", (Z, H_kv, n_k, d), k4.dtype, q4.device)
     dv4 = plans.alloc("dv", (Z, H_kv, n_k, d), v4.dtype, q4.device)
     with ft._device_guard(q4.device):
-        delta = ft._preprocess(o4, do4, prepare)
+        delta = ft._preprocess(o4, do4, dq32, "dq32", prepare)
         tiles = gluon.backward(q4, k4, v4, do4, lse3, delta, dq32, dq, dk4, dv4, is_causal, prepare=prepare,
                                heads_fast=heads_fast)
     return None if prepare is not None else (dq, dk4, dv4, {"bwd": tiles})

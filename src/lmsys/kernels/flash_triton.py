@@ -599,10 +599,9 @@ def _fwd_tile(Q, K, V, O, L, sm_scale,
 
 
 @triton.jit(do_not_specialize=["N_Q"])
-def _attn_bwd_preprocess(O, DO, Delta,
-                         stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
+def _attn_bwd_preprocess(O, DO, Delta, DQ, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
                          H, N_Q, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """D = rowsum(dO ∘ O), float32 [Z, H, N_Q]."""
+    """D = rowsum(dO ∘ O) into Delta [Z, H, N_Q]; zeros into DQ's rows (float32 [Z, H, N_Q, HEAD_DIM], contiguous)."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -614,7 +613,10 @@ def _attn_bwd_preprocess(O, DO, Delta,
     do = _load(DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
                + offs_m[:, None] * stride_dom + offs_d[None, :], row_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PAD)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta + (off_z * H + off_h).to(tl.int64) * N_Q + offs_m, delta, mask=row_ok)
+    rows = (off_z * H + off_h).to(tl.int64) * N_Q + offs_m
+    tl.store(Delta + rows, delta, mask=row_ok)
+    tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+             mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
@@ -851,18 +853,17 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
     return o4, lse, {"fwd": tiles}
 
 
-def _preprocess(o4, do4, prepare: list | None = None) -> torch.Tensor:
-    """D = rowsum(dO ∘ O), float32 [Z, H, n_q], alone: the one-launch backwards need it whole. prepare: as _launch."""
+def _preprocess(o4, do4, dq32, dq_name: str, prepare: list | None = None) -> torch.Tensor:
+    """D = rowsum(dO ∘ O) [Z, H, n_q] (the one-launch backwards need it whole); zeroes their float32 dQ too."""
     Z, H, n_q, d = o4.shape
     delta = plans.alloc("delta", (Z, H, n_q), torch.float32, o4.device)
     block = 16 if INTERPRET else 64
-    grid = (_cdiv(n_q, block), H, Z)
-    args = (o4, do4, delta, *o4.stride()[:3], *do4.stride()[:3], H, n_q)
+    grid, args = (_cdiv(n_q, block), H, Z), (o4, do4, delta, dq32, *o4.stride()[:3], *do4.stride()[:3], H, n_q)
     consts = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=block)
     if prepare is not None:
         prepare.append(functools.partial(_attn_bwd_preprocess.warmup, *args, grid=grid, **consts))
     else:
-        plans.launch(_attn_bwd_preprocess, grid, args, consts, ("o", "do", "delta"))
+        plans.launch(_attn_bwd_preprocess, grid, args, consts, ("o", "do", "delta", dq_name))
     return delta
 
 
@@ -874,8 +875,7 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
     (Z, H, n_q, d), (H_kv, n_k) = q4.shape, k4.shape[1:3]
     atomic = policy.deterministic is False
     fused = not atomic and policy.fused_backward is True
-    dq4 = plans.alloc("dq", (Z, H, n_q, d), torch.float32 if atomic else q4.dtype, q4.device,
-                      zero=atomic and prepare is None)
+    dq4 = plans.alloc("dq", (Z, H, n_q, d), torch.float32 if atomic else q4.dtype, q4.device)
     dk4 = plans.alloc("dk", (Z, H_kv, n_k, d), k4.dtype, q4.device)
     dv4 = plans.alloc("dv", (Z, H_kv, n_k, d), v4.dtype, q4.device)
     sm_scale = 1.0 / math.sqrt(d)
@@ -896,8 +896,8 @@ def _tl_backward(q4, k4, v4, o4, lse3, do4, is_causal: bool, policy: Policy, pre
 
     ran = {}
     with _device_guard(q4.device):
-        if atomic:
-            delta = _preprocess(o4, do4, prepare)
+        if atomic:  # D, and dQ's float32 accumulator zeroed
+            delta = _preprocess(o4, do4, dq4, "dq", prepare)
         elif fused:  # every program computes the D it needs: L stands in for the Delta it never reads
             delta = lse3
         else:  # the dQ kernel computes D on the way (three launches in all at launch-bound shapes, not four)

@@ -72,14 +72,15 @@ def recording(rec: Recording | None):
         _RECORD.reset(token)
 
 
-def alloc(name: str, shape: tuple, dtype, device, zero: bool = False) -> torch.Tensor:
-    """torch.empty (torch.zeros with zero) of an output or scratch tensor a launch writes, named for plans."""
-    t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+def alloc(name: str, shape: tuple, dtype, device) -> torch.Tensor:
+    """torch.empty of an output or scratch tensor a launch writes (every element: a plan replays no zeroing),
+    named for plans."""
+    t = torch.empty(shape, dtype=dtype, device=device)
     rec = _RECORD.get()
     if rec is not None:
         if name in rec.allocs:
             rec.replayable = False
-        rec.allocs[name] = (t, tuple(shape), dtype, device, zero)
+        rec.allocs[name] = (t, tuple(shape), dtype, device)
     return t
 
 
@@ -171,12 +172,10 @@ def _rebase(desc, base):
         return dataclasses.replace(desc, base=base)
 
 
-def _like(inputs: dict, t: torch.Tensor, zero: bool) -> str | None:
+def _like(inputs: dict, t: torch.Tensor) -> str | None:
     """The name of an input `torch.empty_like` would remake the allocation `t` from (same shape, dtype, device
     and strides: empty_like keeps a dense input's strides, and the plan's key keeps them), or None. Half the
     host time of torch.empty(shape, dtype=, device=): the gradients and the backward's D are such."""
-    if zero:
-        return None
     return next((name for name, x in inputs.items() if x.shape == t.shape and x.dtype == t.dtype
                  and x.device == t.device and x.stride() == t.stride()), None)
 
@@ -289,8 +288,8 @@ class Plan:
             if name is None or not t.is_contiguous() or t.numel() != env[name].numel():
                 return NORMAL  # not an allocation as made (a cast, a copy)
             outputs.append((name, None if t.shape == env[name].shape else tuple(t.shape)))
-        allocs = [(name, shape, dtype, device, zero, _like(inputs, t, zero))
-                  for name, (t, shape, dtype, device, zero) in rec.allocs.items()]
+        allocs = [(name, shape, dtype, device, _like(inputs, t))
+                  for name, (t, shape, dtype, device) in rec.allocs.items()]
         device = next(iter(inputs.values())).device
         scratch = direct and any(getattr(s.kernel.metadata, "global_scratch_size", 0) > 0
                                  for s in steps if type(s) is Step)
@@ -302,9 +301,8 @@ class Plan:
         if self.device_index is not None and torch.cuda.current_device() != self.device_index:
             return None
         env = inputs
-        for name, shape, dtype, device, zero, like in self.allocs:
-            env[name] = torch.empty_like(env[like]) if like else \
-                (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+        for name, shape, dtype, device, like in self.allocs:
+            env[name] = torch.empty_like(env[like]) if like else torch.empty(shape, dtype=dtype, device=device)
         if self.direct:
             stream = _driver.active.get_current_stream(self.device_index)
             enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
