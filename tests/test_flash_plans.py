@@ -325,10 +325,10 @@ def test_direct_steps_call_the_compiled_kernels_launcher(monkeypatch, hooked):
     if hooked:
         hooks = [knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook]
         assert head[:7] == [16, 2, 1, "stream", "function", "packed", "launch metadata"] and head[7:] == hooks
-        assert o_arg is o2 and q_arg is q2 and d_arg is d2 and g_arg.shape == (3, 4)
+        assert o_arg is o2 and q_arg is q2 and d_arg is d2 and g_arg.shape == (3, 4) and g_arg is not g
     else:  # Triton's empty hook chains: no launch metadata built, no hook for the launcher to call
         assert head == [16, 2, 1, "stream", "function", "packed", None, None, None]
-        assert [o_arg, q_arg, d_arg] == [o2.data_ptr(), q2.data_ptr(), d2.data_ptr()] and isinstance(g_arg, int)
+        assert [o_arg, q_arg, d_arg] == [o2.data_ptr(), q2.data_ptr(), d2.data_ptr()] and g_arg not in (0, g.data_ptr())
     assert o2.data_ptr() != o.data_ptr()
     assert list(rest) == [4, 1, 4, 4, 1, 4, 1, 3, 4, 4, 16]  # the rest as recorded, constexprs included
 

@@ -854,7 +854,7 @@ def _tl_forward(q4, k4, v4, is_causal: bool, policy: Policy):
 
 
 def _preprocess(o4, do4, dq32, dq_name: str, prepare: list | None = None) -> torch.Tensor:
-    """D = rowsum(dO ∘ O) [Z, H, n_q] (the one-launch backwards need it whole); zeroes their float32 dQ too."""
+    """D = rowsum(dO ∘ O) [Z, H, n_q] (the one-launch backwards need it whole); zeroes their dQ `dq32` (`dq_name`)."""
     Z, H, n_q, d = o4.shape
     delta = plans.alloc("delta", (Z, H, n_q), torch.float32, o4.device)
     block = 16 if INTERPRET else 64
