@@ -415,3 +415,117 @@ def test_a_plan_remakes_an_allocation_like_an_input_only_where_its_strides_match
     planned.ENABLED = False
     normal, _ = _fwd_bwd(q, k, v, False, do)
     assert all(torch.equal(x, y) for x, y in zip(got, normal))
+
+
+def _stand_in_launcher():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "helpers" / "fake_tensordesc_launcher.py"
+    spec = importlib.util.spec_from_file_location("fake_tensordesc_launcher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _descriptor_kernel(q_desc, o, k_desc, n, BLOCK):  # the parameters of a kernel taking two descriptors
+    pass
+
+
+class _Desc:  # a host tensor descriptor as Gluon's: what the launcher reads of one
+    def __init__(self, base, block):
+        self.base, self.shape, self.strides = base, list(base.shape), list(base.stride())
+        self.block_shape, self.layout, self.padding = block, "layout", "zero"
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_descriptors_are_encoded_once_per_address_and_launched_as_tritons_wrapper_would(monkeypatch, hooked):
+    """A step whose kernel takes tensor descriptors (the Gluon kernels' q, k, v, dO, dQ) calls triton 3.6's
+    raw launcher itself (plans.Expanded) with, in each descriptor's place, its CUtensorMap, shape and
+    strides, encoded once per base address: the arguments Triton's wrapper builds, argument for argument
+    (a stand-in launcher of that structure records both calls, on the CPU). A new address is encoded once;
+    under a launch hook, or for a launcher of another structure, Triton's own path runs."""
+    from triton import knobs
+
+    fake = _stand_in_launcher()
+    monkeypatch.setattr(plans, "INTERPRET", False)
+    if hooked:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    raw_calls = []
+    signature = {"q_desc": "tensordesc<fp32[8,4]>", "o": "*fp32", "k_desc": "tensordesc<fp32[8,4]>",
+                 "n": "i32", "BLOCK": "constexpr"}
+    metas = [{"swizzle": 128}, {"swizzle": 64}]
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+        run = fake.Launcher(lambda *args: raw_calls.append(args), signature, metas)
+
+        class metadata:
+            global_scratch_size = 0
+
+        def launch_metadata(self, grid, stream, *args):
+            return "launch metadata"
+
+    class Driver:
+        class active:
+            get_current_stream = staticmethod(lambda device: "stream")
+
+    class Fn:  # the jit function: plans reads its parameters
+        fn = _descriptor_kernel
+
+    monkeypatch.setattr(plans, "_driver", Driver)
+    q, k, o = torch.randn(24, 4), torch.randn(40, 4), torch.empty(24, 4)
+    rec = plans.Recording()
+    rec.allocs["o"] = (o, (24, 4), torch.float32, o.device)
+    rec.steps.append((Fn, Compiled(), (3, 2), (_Desc(q, [8, 4]), o, _Desc(k, [8, 4]), 24), {"BLOCK": 8},
+                      ("q", "o", "k")))
+    plan = plans.Plan.build(rec, {"q": q, "k": k}, (o,), {})
+    step = plan.steps[0]
+    assert isinstance(step.expand, plans.Expanded)
+
+    def wrapper_call(env):  # what Triton's path passes the raw launcher for the same tensors
+        n = len(raw_calls)
+        step.run(3, 2, 1, "stream", "function", "packed", None, None, None, *step.args(env, True))
+        return raw_calls.pop(n)
+
+    q2, k2, q3 = torch.randn(24, 4), torch.randn(40, 4), torch.randn(24, 4)
+    fake.ENCODED.clear()
+    for inputs, encoded in (({"q": q2, "k": k2}, [q2, k2]), ({"q": q2, "k": k2}, []),
+                            ({"q": q3, "k": k2}, [q3])):
+        before = len(fake.ENCODED)
+        (o2,) = plan.run(dict(inputs))
+        got = raw_calls.pop()
+        if hooked:  # Triton's own path: every descriptor encoded on every call, the hooks called
+            assert fake.ENCODED[before:] == [inputs["q"].data_ptr(), inputs["k"].data_ptr()]
+            assert got[10:13] == ("launch metadata", knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+            continue
+        assert fake.ENCODED[before:] == [t.data_ptr() for t in encoded]
+        assert got == wrapper_call({**inputs, "o": o2})
+        assert got[:13] == (3, 2, 1, "stream", "function", False, True, None, None, "packed", None, None, None)
+        assert got[13:] == (("map", inputs["q"].data_ptr(), (8, 4), 128), 24, 4, 4, 1, o2.data_ptr(),
+                            ("map", k2.data_ptr(), (8, 4), 64), 40, 4, 4, 1, 24, 8)
+    # any other launcher: Triton's path
+    assert plans.Expanded.of(plans.Step(Fn, Compiled(), (3, 2, 1), [None, None, None, 24, 8], step.slots, {},
+                                        True)) is not None
+    for launcher in (fake.Launcher(lambda *a: None, signature, metas, scratch=64),
+                     fake.Launcher(lambda *a: None, signature, [metas[0], None]),
+                     lambda *args: None):
+        Compiled.run = launcher
+        assert plans.Step(Fn, Compiled(), (3, 2, 1), [None, None, None, 24, 8], step.slots, {}, True).expand is None
+
+
+def test_tritons_own_descriptor_wrapper_is_recognised_where_it_is_the_release_plans_expand():
+    """Under triton 3.6 (CI's second run) its real wrap_handle_tensordesc closure is the structure
+    plans.Expanded reads; any other release, whose launcher differs, is not expanded (Triton's path)."""
+    import triton
+    from triton.backends.nvidia import driver
+
+    launcher = type("L", (), {"global_scratch_size": 0, "profile_scratch_size": 0,
+                              "launch_cooperative_grid": False, "launch_pdl": False})()
+    launcher.launch = driver.wrap_handle_tensordesc(lambda *a: None, {"q_desc": "tensordesc<fp32[8,4]>",
+                                                                      "o": "*fp32"}, [{"swizzle": 128}])
+    step = type("S", (), {})()
+    step.run, step.packed = launcher, "packed"
+    step.template, step.slots = [None, None], ((0, "q", _Desc(torch.empty(8, 4), [8, 4])), (1, "o", None))
+    expanded = plans.Expanded.of(step)
+    assert (expanded is not None) == triton.__version__.startswith("3.6.")

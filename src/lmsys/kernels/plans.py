@@ -8,7 +8,9 @@ runs the normal path (lmsys.kernels.flash) with a `recording` on: every launch g
 (which records the CompiledKernel that Triton's `JITFunction.run` returned, the grid and every argument)
 and every output through `alloc`. `Plan.build` turns that into a plan; a later call with the same key
 (`lookup`) allocates the outputs and calls each CompiledKernel's launcher directly, as `JITFunction.run` does after its own cache lookup, without the
-launchers' Python, the tuner lookups, the descriptor checks and Triton's per-argument specialization.
+launchers' Python, the tuner lookups, the descriptor checks and Triton's per-argument specialization. A
+kernel taking tensor descriptors (the Gluon ones) goes one step further under triton 3.6 (`Expanded`): its
+descriptors' CUtensorMaps are encoded once per address, not on every call.
 
 Why the key is enough: Triton specializes a kernel on its arguments' types, on pointers' and integers'
 divisibility by 16 and on integers equal to 1. The pointers are the inputs (alignment in the key) and
@@ -197,13 +199,16 @@ class Step:
     """One recorded launch: the compiled kernel and its launcher, the grid, the arguments with the tensors'
     places left to fill (`slots`: (index, name, descriptor template or None))."""
 
-    __slots__ = ("fn", "kernel", "grid", "template", "slots", "options", "direct", "run", "function", "packed")
+    __slots__ = ("fn", "kernel", "grid", "template", "slots", "options", "direct", "run", "function", "packed",
+                 "expand")
 
     def __init__(self, fn, kernel, grid: tuple, template: list, slots: tuple, options: dict, direct: bool):
         self.fn, self.kernel, self.grid, self.template = fn, kernel, grid, template
         self.slots, self.options, self.direct = slots, options, direct
+        self.expand = None
         if direct:
             self.run, self.function, self.packed = kernel.run, kernel.function, kernel.packed_metadata
+            self.expand = Expanded.of(self)
 
     def args(self, env: dict, ints: bool = False) -> list:
         """The arguments on `env`'s tensors; `ints`: plain tensors as their addresses, which Triton's launcher
@@ -214,6 +219,75 @@ class Step:
             t = env[name]
             args[i] = (t.data_ptr() if ints else t) if desc is None else _rebase(desc, t)
         return args
+
+
+class Expanded:
+    """A step whose kernel takes tensor descriptors, launched as Triton 3.6's launcher would launch it,
+    with each descriptor's CUtensorMap encoded once per base address instead of on every call.
+
+    Triton 3.6 wraps a compiled launcher taking descriptors (`CudaLauncher.launch`) in a closure,
+    `wrap_handle_tensordesc`'s `inner`: on every call, for every descriptor argument, `make_tensordesc_arg`
+    encodes a CUtensorMap (cuTensorMapEncodeTiled) from the base address, shape, strides and block, and the
+    closure calls the raw launcher with the map, the shape and the strides in the descriptor's place. In a
+    plan all of those but the address are fixed (the key), so the expansion is a function of the address:
+    kept per address (a few: the caching allocator hands the same blocks back), the raw launcher is called
+    with the arguments the closure would have built. `of` returns None (Triton's own path) for any other
+    launcher: another release, scratch memory to allocate, a descriptor without TMA metadata."""
+
+    __slots__ = ("raw", "head", "flat", "plain", "descs")
+    CACHED = 16  # addresses kept per descriptor; past it the cache starts over
+
+    def __init__(self, raw, head: tuple, flat: list, plain: tuple, descs: tuple):
+        self.raw, self.head, self.flat, self.plain, self.descs = raw, head, flat, plain, descs
+
+    @staticmethod
+    def of(step: "Step") -> "Expanded | None":
+        launcher = step.run
+        inner = getattr(launcher, "launch", None)
+        code = getattr(inner, "__code__", None)
+        if code is None or code.co_freevars != ("launcher", "tensordesc_indices", "tensordesc_meta") \
+                or inner.__qualname__ != "wrap_handle_tensordesc.<locals>.inner":
+            return None
+        scope = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
+        encode = inner.__globals__.get("make_tensordesc_arg")
+        indices, metas = sorted(scope["tensordesc_indices"]), scope["tensordesc_meta"]
+        if inner.__globals__.get("_BASE_ARGS_FORMAT_LEN") != 13 or encode is None \
+                or any(m is None for m in metas) or len(metas) != len(indices) \
+                or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+            return None
+        desc_slots = {i: (name, desc) for i, name, desc in step.slots if desc is not None}
+        if set(desc_slots) != set(indices):
+            return None  # a descriptor the plan does not fill (Plan.build refuses those) or a plain tensor
+        flat, where, plain, descs = [], {}, [], []
+        for i, x in enumerate(step.template):
+            where[i] = len(flat)
+            if i in desc_slots:
+                name, desc = desc_slots[i]
+                width = 1 + len(desc.shape) + len(desc.strides)
+                descs.append((len(flat), len(flat) + width, name, desc, metas[indices.index(i)], encode, {}))
+                flat.extend([None] * width)
+            else:
+                flat.append(x)
+        plain = tuple((where[i], name) for i, name, desc in step.slots if desc is None)
+        head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, step.packed, None, None, None)
+        return Expanded(scope["launcher"], head, flat, plain, tuple(descs))
+
+    def __call__(self, grid: tuple, stream, function, env: dict) -> None:
+        args = self.flat.copy()
+        for at, name in self.plain:
+            args[at] = env[name].data_ptr()
+        for start, stop, name, desc, meta, encode, cache in self.descs:
+            t = env[name]
+            address = t.data_ptr()
+            expansion = cache.get(address)
+            if expansion is None:
+                if len(cache) >= self.CACHED:
+                    cache.clear()
+                expansion = cache[address] = encode(_rebase(desc, t), meta)
+                if len(expansion) != stop - start:  # a Triton whose expansion differs: never launch shifted
+                    raise RuntimeError(f"tensor descriptor expanded to {len(expansion)} arguments, not {stop - start}")
+            args[start:stop] = expansion
+        self.raw(*grid, stream, function, *self.head, *args)
 
 
 def _hooked(hook) -> bool:
@@ -313,7 +387,9 @@ class Plan:
             if type(step) is Copy:
                 step.apply(env)
                 continue
-            if step.direct:  # as JITFunction.run launches a kernel it found in its cache
+            if step.expand is not None and not hooked:
+                step.expand(step.grid, stream, step.function, env)
+            elif step.direct:  # as JITFunction.run launches a kernel it found in its cache
                 args = step.args(env, not hooked)
                 g0, g1, g2 = step.grid
                 meta = step.kernel.launch_metadata(step.grid, stream, *args) if hooked else None
