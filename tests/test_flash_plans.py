@@ -512,6 +512,14 @@ def test_descriptors_are_encoded_once_per_address_and_launched_as_tritons_wrappe
                      lambda *args: None):
         Compiled.run = launcher
         assert plans.Step(Fn, Compiled(), (3, 2, 1), [None, None, None, 24, 8], step.slots, {}, True).expand is None
+    # an expansion of another width than the descriptor's shape and strides: refused on every call, never launched
+    fake.make_tensordesc_arg = lambda arg, meta: ["map", 24, 4]
+    Compiled.run = fake.Launcher(lambda *args: raw_calls.append(args), signature, metas)
+    odd = plans.Step(Fn, Compiled(), (3, 2, 1), [None, None, None, 24, 8], step.slots, {}, True)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="expanded to 3 arguments, not 5"):
+            odd.expand((3, 2, 1), "stream", "function", {"q": q2, "k": k2, "o": torch.empty(24, 4)})
+    assert not raw_calls
 
 
 def test_tritons_own_descriptor_wrapper_is_recognised_where_it_is_the_release_plans_expand():

@@ -283,9 +283,10 @@ class Expanded:
             if expansion is None:
                 if len(cache) >= self.CACHED:
                     cache.clear()
-                expansion = cache[address] = encode(_rebase(desc, t), meta)
+                expansion = encode(_rebase(desc, t), meta)
                 if len(expansion) != stop - start:  # a Triton whose expansion differs: never launch shifted
                     raise RuntimeError(f"tensor descriptor expanded to {len(expansion)} arguments, not {stop - start}")
+                cache[address] = expansion
             args[start:stop] = expansion
         self.raw(*grid, stream, function, *self.head, *args)
 
