@@ -258,7 +258,7 @@ class Expanded:
         desc_slots = {i: (name, desc) for i, name, desc in step.slots if desc is not None}
         if set(desc_slots) != set(indices):
             return None  # a descriptor the plan does not fill (Plan.build refuses those) or a plain tensor
-        flat, where, plain, descs = [], {}, [], []
+        flat, where, descs = [], {}, []
         for i, x in enumerate(step.template):
             where[i] = len(flat)
             if i in desc_slots:
