@@ -782,6 +782,24 @@ def test_gluon_backward_takes_only_what_it_computes():
     assert gluon.supports(d64, d64, d64, gluon.BwdConfig(64, 64, 2, 4, 168))
 
 
+
+@pytest.mark.parametrize("first_m, n_m, group", [(0, 4, 1), (3, 4, 1), (0, 1, 3), (2, 9, 4), (6, 8, 2)])
+def test_gluon_backward_walks_every_query_tile_of_the_group_in_order(first_m, n_m, group):
+    """Both backward partitions walk (query head of the group, query tile) with `_next_tile` carried from
+    tile to tile, not with divisions (Gluon runs only on a GPU; its Python body runs on ints here): the
+    rows t // per_head · N + (first_m + t % per_head) · BLOCK_M in order, the first again after the last
+    (the compute partition loads the next tile's L and D one tile ahead, in bounds)."""
+    gluon = _gluon_module()
+    n_ctx, block_m, row0 = n_m * 64, 64, 5 * 1024
+    per_head = n_m - first_m
+    m, head_row, rows = first_m, row0, []
+    for _ in range(group * per_head + 1):
+        rows.append(head_row + m * block_m)
+        m, head_row = gluon._next_tile.fn(m, head_row, first_m, n_m, n_ctx, row0, row0 + group * n_ctx)
+    assert rows[:-1] == [row0 + (t // per_head) * n_ctx + (first_m + t % per_head) * block_m
+                         for t in range(group * per_head)]
+    assert rows[-1] == rows[0]
+
 class _FakeGluon:
     """flash_gluon's backward interface, computing in float64 on any device: flash_backward's dispatch to
     the Gluon one launch (which copies strided inputs, needs D first, and adds into a zeroed float32 dQ

@@ -353,6 +353,21 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def _next_tile(m, head_row, first_m, n_m, N_CTX, row0, row_end):
+    """The backward's walk over (query head of the group, query tile): the tile after query tile m of the
+    head whose row 0 is head_row, the first again after the last. Carried from tile to tile: t // per_head
+    and t % per_head cost two runtime-divisor divisions a tile on the uniform pipe, and took 4–7 % of the
+    backward (H100, docs/benchmarks/attention-h100-uniform-2026-12-07.md)."""
+    m += 1
+    if m == n_m:
+        m = first_m
+        head_row += N_CTX
+        if head_row == row_end:
+            head_row = row0
+    return m, head_row
+
+
+@gluon.jit
 def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                         do_ready, empty, kv_row, q_row0, first_m, n_m, GROUP, N_CTX, BLOCK_M: gl.constexpr,
                         STAGES: gl.constexpr):
@@ -361,11 +376,13 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
-    per_head = n_m - first_m
-    for t in range(GROUP * per_head):  # (query head of the group, query tile) in order
+    m = first_m
+    head_row = q_row0
+    for t in range(GROUP * (n_m - first_m)):  # (query head of the group, query tile) in order
         s = t % STAGES
         phase = (t // STAGES) & 1
-        row = q_row0 + (t // per_head) * N_CTX + (first_m + t % per_head) * BLOCK_M
+        row = head_row + m * BLOCK_M
+        m, head_row = _next_tile(m, head_row, first_m, n_m, N_CTX, q_row0, q_row0 + GROUP * N_CTX)
         mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start with phase 1 complete: no wait at first
         mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [row, 0], q_ready.index(s), q_smem.index(s))
@@ -397,16 +414,17 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     mbarrier.wait(kv_bar, 0)
-    per_head = n_m - first_m
-    n_steps = GROUP * per_head
     cols_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     lse = gl.load(L + lse_row0 + first_m * BLOCK_M + cols_m)  # the first tile's L and D (each tile loads the next's)
     delta = gl.load(Delta + lse_row0 + first_m * BLOCK_M + cols_m)
-    for t in range(n_steps):
+    m = first_m
+    head_row = lse_row0
+    for t in range(GROUP * (n_m - first_m)):
         s = t % STAGES
         phase = (t // STAGES) & 1
-        start_m = (first_m + t % per_head) * BLOCK_M
-        row = lse_row0 + (t // per_head) * N_CTX + start_m  # of Q, dO, dQ, L and D
+        start_m = m * BLOCK_M
+        row = head_row + start_m  # of Q, dO, dQ, L and D
+        m, head_row = _next_tile(m, head_row, first_m, n_m, N_CTX, lse_row0, lse_row0 + GROUP * N_CTX)
 
         mbarrier.wait(q_ready.index(s), phase)
         st_tok = warpgroup_mma(k_smem, q_smem.index(s).permute((1, 0)), st_zero, use_acc=False, is_async=True)
@@ -447,8 +465,7 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
         # The next tile's L and D (the first's again after the last), loaded under this tile's products and
         # barriers (loaded at the tile's start, their latency stalled the dPᵀ issue).
-        tn = (t + 1) % n_steps
-        row_n = lse_row0 + (tn // per_head) * N_CTX + (first_m + tn % per_head) * BLOCK_M
+        row_n = head_row + m * BLOCK_M
         lse = gl.load(L + row_n + cols_m)
         delta = gl.load(Delta + row_n + cols_m)
         dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok])
