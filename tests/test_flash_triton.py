@@ -782,7 +782,6 @@ def test_gluon_backward_takes_only_what_it_computes():
     assert gluon.supports(d64, d64, d64, gluon.BwdConfig(64, 64, 2, 4, 168))
 
 
-
 @pytest.mark.parametrize("first_m, n_m, group", [(0, 4, 1), (3, 4, 1), (0, 1, 3), (2, 9, 4), (6, 8, 2)])
 def test_gluon_backward_walks_every_query_tile_of_the_group_in_order(first_m, n_m, group):
     """Both backward partitions walk (query head of the group, query tile) with `_next_tile` carried from
@@ -799,6 +798,7 @@ def test_gluon_backward_walks_every_query_tile_of_the_group_in_order(first_m, n_
     assert rows[:-1] == [row0 + (t // per_head) * n_ctx + (first_m + t % per_head) * block_m
                          for t in range(group * per_head)]
     assert rows[-1] == rows[0]
+
 
 class _FakeGluon:
     """flash_gluon's backward interface, computing in float64 on any device: flash_backward's dispatch to

@@ -356,8 +356,8 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 def _next_tile(m, head_row, first_m, n_m, N_CTX, row0, row_end):
     """The backward's walk over (query head of the group, query tile): the tile after query tile m of the
     head whose row 0 is head_row, the first again after the last. Carried from tile to tile: t // per_head
-    and t % per_head cost two runtime-divisor divisions a tile on the uniform pipe, and took 4–7 % of the
-    backward (H100, docs/benchmarks/attention-h100-uniform-2026-12-07.md)."""
+    and t % per_head cost two runtime-divisor divisions a tile on the uniform pipe, and 4–7 % of the
+    backward kernel's time (H100, docs/benchmarks/attention-h100-uniform-2026-12-07.md)."""
     m += 1
     if m == n_m:
         m = first_m
