@@ -82,21 +82,13 @@ def compile_gluon(fn, example_args: list, consts: dict, *, num_warps: int, maxnr
 
 
 def ptxas_notes(kernel) -> str:
-    """What ptxas says of a compiled kernel's PTX that matters for wgmma kernels: spills, wgmma serialised
-    (C7514), waits it had to inject (C7517)."""
-    import subprocess
-    import tempfile
+    """What ptxas says of a compiled kernel that matters for wgmma kernels: registers, bytes spilled, its
+    performance advisories (C7514: wgmma serialised, ...); tests/helpers/hopper_compile.py's reading."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "helpers"))
+    from hopper_compile import ptxas_notes as notes
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(kernel.asm["ptx"])
-        err = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True).stderr
-    notes = re.findall(r"\d+ bytes spill stores", err)
-    notes += ["wgmma serialised (C7514)"] * ("C7514" in err) + ["wait injected (C7517)"] * ("C7517" in err)
-    return ", ".join(notes)
+    registers, spilled, advisories = notes(kernel)
+    return f"{registers} registers, {spilled} bytes spilled" + "".join(f", {a}" for a in advisories)
 
 
 def report(name: str, build) -> bool:

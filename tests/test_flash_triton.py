@@ -690,7 +690,8 @@ def test_gluon_forward_refuses_empty_inputs_and_grids_past_cuda_limits(monkeypat
 
 
 def _compile_for_hopper(which: str) -> list[list[str]]:
-    """tests/helpers/hopper_compile.py's lines (name, what, grid=..., shared bytes) for `which` kernels."""
+    """tests/helpers/hopper_compile.py's lines (name, what, grid=..., shared bytes, regs=, spill=, ptxas=)
+    for `which` kernels."""
     import subprocess
     import sys
     from pathlib import Path
@@ -698,6 +699,12 @@ def _compile_for_hopper(which: str) -> list[list[str]]:
     done = subprocess.run([sys.executable, str(script), which], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return [line.split() for line in done.stdout.splitlines()]
+
+
+def _ptxas(fields: list[str]) -> tuple[int, int, str]:
+    """(registers, bytes spilled, advisories or "-") of a line's regs=, spill=, ptxas= fields."""
+    notes = dict(f.split("=", 1) for f in fields)
+    return int(notes["regs"]), int(notes["spill"]), notes["ptxas"]
 
 
 @pytest.mark.slow
@@ -712,9 +719,14 @@ def test_tl_kernels_compile_for_hopper_without_a_gpu():
         for causal in ("True", "False"):
             for backward in ("pair", "atomic", "fused", "head-by-head"):
                 assert any(what == f"{dtype}/causal={causal}/{backward}" for _, what, *_ in lines)
-    for name, what, grid, shared in lines:
+    for name, what, grid, shared, *notes in lines:
         dims = [int(x) for x in grid.removeprefix("grid=").split(",")]
         assert int(shared) <= 232448  # an H100's shared memory per block
+        registers, spilled, advisories = _ptxas(notes)
+        if name in ("_attn_fwd", "_attn_bwd_dq") and what.startswith("bfloat16"):
+            # the 16-bit forward and dQ kernels as ptxas leaves them today: no spill, no wgmma serialised
+            # (the dK/dV kernel's and fp32's are not: docs/benchmarks/attention-ptxas-2026-12-07.md)
+            assert (spilled, advisories) == (0, "-"), (name, what, registers, spilled, advisories)
         if name != "_attn_bwd_preprocess":  # (2, 2, 384, 64): batch 2, heads 2 first when causal
             heads_fast = ("causal=True" in what and "head-by-head" not in what
                           and not (name == "_attn_bwd_dkdv" and what.endswith("fused")))
@@ -724,7 +736,9 @@ def test_tl_kernels_compile_for_hopper_without_a_gpu():
 def test_gluon_kernels_compile_for_hopper_without_a_gpu():
     """Gluon has no interpreter, so a CPU can only compile it: under the triton flash_gluon was written for
     (CI's second pass), every Gluon kernel at d 64 and 128, causal in both grid orders and not causal, is
-    compiled to an sm_90 cubin."""
+    compiled to an sm_90 cubin, and ptxas neither serialises a wgmma (C7510-C7519: a change that makes it
+    do so loses a third or more of the kernel's speed without failing anything else) nor spills more than
+    the one register of d 128's causal backward (4 bytes)."""
     gluon = _gluon_module()
     if not any(gluon.triton.__version__.startswith(r) for r in gluon.TRITON_RELEASES):
         pytest.skip(f"flash_gluon is written for triton {gluon.TRITON_RELEASES}, not {gluon.triton.__version__}")
@@ -732,10 +746,12 @@ def test_gluon_kernels_compile_for_hopper_without_a_gpu():
     assert len(lines) == 18, lines
     assert {(name, what.split("/")[0]) for name, what, *_ in lines} == {
         (k, d) for k in ("_attn_fwd_ws", "_attn_bwd_ws", "_scale_cast") for d in ("d64", "d128")}
-    assert all(int(shared) <= 232448 for *_, shared in lines)
-    for name, what, grid, _ in lines:  # 1,024 keys: 8 query or key tiles of 128; 4 batch·heads first when causal
+    assert all(int(shared) <= 232448 for _, _, _, shared, *_ in lines)
+    for name, what, grid, _, *notes in lines:  # 1,024 keys: 8 query or key tiles of 128; 4 batch·heads first when causal
         if name != "_scale_cast":
             assert grid == ("grid=4,8" if what.endswith("causal=True/heads_fast=True") else "grid=8,4"), (name, what)
+        registers, spilled, advisories = _ptxas(notes)
+        assert advisories == "-" and spilled <= 4, (name, what, registers, spilled, advisories)
 
 
 @pytest.mark.parametrize("args, message", [((128, 128, 3, 1, 4, 168), "needs 8 warps"),

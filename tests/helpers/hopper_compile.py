@@ -1,7 +1,9 @@
 """Compile lmsys's attention kernels for Hopper (sm_90) on a machine without a GPU: a stand-in active driver
 names the target, `warmup` compiles to a cubin and nothing launches. Run as a script (the driver swap is
 process-wide) by tests/test_flash_triton.py; prints one line per kernel compiled: its name, what it was
-compiled for, its grid, shared memory bytes. The interpreter runs the tl kernels' arithmetic; this is what
+compiled for, its grid, shared memory bytes, and what ptxas says of it (`ptxas_notes`: registers, bytes
+spilled, its performance advisories, such as C7514 "wgmma serialized", which make every wgmma wait for
+the previous one). The interpreter runs the tl kernels' arithmetic; this is what
 checks that they, and the Gluon kernels (no interpreter at all), compile for the GPU, through the
 launchers' own grids and constants (scripts/compile_sm90.py sweeps every config of a kernel instead, from
 signatures it builds, for a person asking what fits).
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real
 
@@ -36,9 +41,29 @@ class HopperWithoutGPU:
         return 0
 
 
+def ptxas_notes(kernel) -> tuple[int, int, tuple]:
+    """(registers, bytes spilled, advisories): ptxas -v, the one Triton compiles sm_90 with, run again on
+    the kernel's PTX (Triton keeps its log only under TRITON_DUMP_PTXAS_LOG). Advisories are its
+    "Potential Performance Loss" codes (C7510-C7519: wgmma serialized for want of registers, for a
+    non-wgmma instruction touching an accumulator in flight, ...)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", path, "-o", path + ".o"],
+                             capture_output=True, text=True, check=True).stderr
+    registers = max(int(x) for x in re.findall(r"Used (\d+) registers", log))
+    spilled = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
+    return registers, spilled, tuple(sorted(set(re.findall(r"\((C75\d\d)\) Potential Performance Loss", log))))
+
+
 def report(kernel, what: str, grid) -> None:
     assert kernel.asm["cubin"], kernel.name
-    print(kernel.name, what, "grid=" + ",".join(map(str, grid)), kernel.metadata.shared, flush=True)
+    registers, spilled, advisories = ptxas_notes(kernel)
+    print(kernel.name, what, "grid=" + ",".join(map(str, grid)), kernel.metadata.shared, f"regs={registers}",
+          f"spill={spilled}", "ptxas=" + (",".join(advisories) or "-"), flush=True)
 
 
 def tl_kernels() -> None:
