@@ -30,6 +30,9 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from lmsys.kernels import flash_triton as ft  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "helpers"))
+import hopper_compile  # noqa: E402  (ptxas's reading, shared with the tests)
+
 HOPPER = GPUTarget("cuda", 90, 32)
 SMEM = 232448  # bytes of shared memory one block may use on an H100/H200
 FLOAT = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -84,10 +87,7 @@ def compile_gluon(fn, example_args: list, consts: dict, *, num_warps: int, maxnr
 def ptxas_notes(kernel) -> str:
     """What ptxas says of a compiled kernel that matters for wgmma kernels: registers, bytes spilled, its
     performance advisories (C7514: wgmma serialised, ...); tests/helpers/hopper_compile.py's reading."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "helpers"))
-    from hopper_compile import ptxas_notes as notes
-
-    registers, spilled, advisories = notes(kernel)
+    registers, spilled, advisories = hopper_compile.ptxas_notes(kernel)
     return f"{registers} registers, {spilled} bytes spilled" + "".join(f", {a}" for a in advisories)
 
 
