@@ -162,40 +162,42 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom, stride_om,
-                stride_dqm, offs_n, offs_m, d_ok, lo, full_lo, full_hi, N_Q, sm_scale, qk_scale,
+                stride_dqm, offs_n, offs_m, d_ok, lo, hi, N_Q, sm_scale, qk_scale, STAGE: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 USE_TMA: tl.constexpr, TMA_DQ: tl.constexpr, WITH_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dK, dV of one key tile from the query tiles [lo, N_Q), in one loop: the scores of a tile outside
-    [full_lo, full_hi) are masked (rows past N_Q; with IS_CAUSAL, queries before a key), the others not. One
-    loop, not a loop per kind of tile: between two loops ptxas serialises the wgmmas of the 16-bit kernel
-    (C7515) and spills more in fp32 (docs/benchmarks/attention-ptxas-2026-12-07.md). Q_src, DO_src, O_src:
-    tensor descriptors (USE_TMA) or pointer tiles, Qᵀ [HEAD_DIM_PAD, BLOCK_M], dO and O [BLOCK_M,
-    HEAD_DIM_PAD] at query 0; O is read only with WITH_DQ, where D = rowsum(dO ∘ O) is computed here instead
-    of loaded. With ATOMIC_DQ, also adds this key tile's share of dQ (dS K · scale, float32) into DQ_dst: a
-    tensor descriptor's reduce-add (TMA_DQ: one bulk asynchronous add of the tile from shared memory, as
-    FlashAttention-3 does) or element-wise atomics on a pointer tile [BLOCK_M, HEAD_DIM_PAD] at query 0."""
-    for start_m in range(lo, N_Q, BLOCK_M):
+    """dK, dV of one key tile from the query tiles [lo, hi). Q_src, DO_src, O_src: tensor descriptors
+    (USE_TMA) or pointer tiles, Qᵀ [HEAD_DIM_PAD, BLOCK_M], dO and O [BLOCK_M, HEAD_DIM_PAD] at query 0; O
+    is read only with WITH_DQ, where D = rowsum(dO ∘ O) is computed here instead of loaded. With ATOMIC_DQ,
+    also adds this key tile's share of dQ (dS K · scale, float32) into DQ_dst: a tensor descriptor's
+    reduce-add (TMA_DQ: one bulk asynchronous add of the tile from shared memory, as FlashAttention-3 does)
+    or element-wise atomics on a pointer tile [BLOCK_M, HEAD_DIM_PAD] at query 0."""
+    for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         row_ok = (start_m + offs_m) < N_Q
         if USE_TMA:  # rows past N_Q and columns past HEAD_DIM come back as zeros
             qT = tl.trans(Q_src.load([start_m, 0]))
         else:
-            qT = _load(Q_src + start_m * stride_qm, d_ok, row_ok, PAD_D, True)
-        lse = tl.load(L_ptrs + start_m, mask=row_ok, other=0.0)
+            qT = _load(Q_src + start_m * stride_qm, d_ok, row_ok, PAD_D, STAGE == 2)
+        if STAGE == 1:
+            lse = tl.load(L_ptrs + start_m)
+        else:
+            lse = tl.load(L_ptrs + start_m, mask=row_ok, other=0.0)
         sT = _dot(k, qT, None, DOT_PRECISION) * qk_scale - lse[None, :] * _LOG2E  # [BLOCK_N, BLOCK_M], log2 P
         if USE_TMA:
             do = DO_src.load([start_m, 0])
         else:
-            do = _load(DO_src + start_m * stride_dom, row_ok, d_ok, True, PAD_D)
+            do = _load(DO_src + start_m * stride_dom, row_ok, d_ok, STAGE == 2, PAD_D)
         if WITH_DQ:  # D of these rows, as _attn_bwd_preprocess computes it
             if USE_TMA:
                 o = O_src.load([start_m, 0])
             else:
-                o = _load(O_src + start_m * stride_om, row_ok, d_ok, True, PAD_D)
+                o = _load(O_src + start_m * stride_om, row_ok, d_ok, STAGE == 2, PAD_D)
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        elif STAGE == 1:
+            delta = tl.load(D_ptrs + start_m)
         else:
             delta = tl.load(D_ptrs + start_m, mask=row_ok, other=0.0)
-        if (start_m < full_lo) | (start_m >= full_hi):
+        if STAGE == 2:
             visible = row_ok[None, :]
             if IS_CAUSAL:
                 visible = visible & ((start_m + offs_m)[None, :] >= offs_n[:, None])
@@ -678,15 +680,28 @@ def _attn_bwd_dkdv(Q, K, V, O, DO, L, Delta, DK, DV, DQ, sm_scale,
                            HEAD_DIM_PAD, BLOCK_M, False, TMA_DQ)
         L_ptrs = L + off_zh * N_Q + offs_m
         D_ptrs = Delta + off_zh * N_Q + offs_m
-        if IS_CAUSAL:  # earlier query tiles see none of these keys; from full_lo every query sees every key
-            lo = (start_n // BLOCK_M) * BLOCK_M
-            full_lo = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+        if IS_CAUSAL:
+            first = (start_n // BLOCK_M) * BLOCK_M  # earlier query tiles see none of these keys
+            diag_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M  # from here every query sees every key
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, first,
+                                 tl.minimum(diag_end, N_Q), N_Q, sm_scale, qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D,
+                                 ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ, DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, diag_end, n_q_full, N_Q,
+                                 sm_scale, qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
+                                 DOT_PRECISION)
+            edge = tl.maximum(diag_end, n_q_full)
         else:
-            lo = 0
-            full_lo = 0
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm, stride_dom,
-                             stride_om, stride_dqm, offs_n, offs_m, d_ok, lo, full_lo, n_q_full, N_Q, sm_scale,
-                             qk_scale, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ, DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                                 stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, 0, n_q_full, N_Q,
+                                 sm_scale, qk_scale, 1, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
+                                 DOT_PRECISION)
+            edge = n_q_full
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q_src, DO_src, O_src, L_ptrs, D_ptrs, DQ_dst, stride_qm,
+                             stride_dom, stride_om, stride_dqm, offs_n, offs_m, d_ok, edge, N_Q, N_Q, sm_scale,
+                             qk_scale, 2, IS_CAUSAL, BLOCK_M, PAD_D, ATOMIC_DQ, USE_TMA, TMA_DQ, WITH_DQ,
+                             DOT_PRECISION)
 
     dk = dk * sm_scale
     _store(DK + z64 * stride_dkz + hk64 * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
