@@ -710,14 +710,15 @@ def _ptxas(fields: list[str]) -> tuple[int, int, str]:
 @pytest.mark.slow
 def test_tl_kernels_compile_for_hopper_without_a_gpu():
     """The interpreter runs the tl kernels' arithmetic but compiles nothing: every launch the launchers make
-    (bf16 and fp32, causal or not, the backward's pair, one atomic launch, fused launch, heads_fast off) is
-    compiled to an sm_90 cubin, and causal grids put the tiles last (heads first, `_grid`) unless
-    Policy.heads_fast is off or the backward is fused (host-bound calls: its grid stays in order)."""
+    (bf16 and fp32, causal or not, the backward's pair, one atomic launch, fused launch, heads_fast off; the
+    backward with tensor descriptors as on Hopper, and its pair without) is compiled to an sm_90 cubin, and
+    causal grids put the tiles last (heads first, `_grid`) unless Policy.heads_fast is off or the backward
+    is fused (host-bound calls: its grid stays in order)."""
     lines = _compile_for_hopper("tl")
     assert {name for name, *_ in lines} == {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_attn_bwd_preprocess"}
     for dtype in ("bfloat16", "float32"):
         for causal in ("True", "False"):
-            for backward in ("pair", "atomic", "fused", "head-by-head"):
+            for backward in ("pair", "atomic", "fused", "head-by-head", "pointers"):
                 assert any(what == f"{dtype}/causal={causal}/{backward}" for _, what, *_ in lines)
     for name, what, grid, shared, *notes in lines:
         dims = [int(x) for x in grid.removeprefix("grid=").split(",")]

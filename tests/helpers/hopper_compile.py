@@ -68,8 +68,10 @@ def report(kernel, what: str, grid) -> None:
 
 def tl_kernels() -> None:
     """Every tl kernel the launchers run, bf16 and fp32, causal or not: the forward, the backward's pair,
-    its one launch with atomics (deterministic=False) and its fused launch; each launch compiled instead
-    of run, the tuner's first candidate taken untimed."""
+    its one launch with atomics (deterministic=False) and its fused launch (host-bound calls: no
+    descriptors); the backward with tensor descriptors as the default policy runs it on Hopper, and its pair
+    without them too ("pointers": other GPUs, misaligned strides). Each launch compiled instead of run, the
+    tuner's first candidate taken untimed."""
     from dataclasses import replace
 
     from lmsys.kernels import flash, flash_triton, plans
@@ -80,12 +82,17 @@ def tl_kernels() -> None:
 
     plans.launch = compile_instead
     flash_triton.TUNER.choose = lambda key, shortlist, run, compile_one: shortlist[0]
+    # descriptors where the policy asks for them, as on a Hopper GPU (CPU tensors would get pointers only);
+    # the atomic launch's TMA reduce-add of dQ needs CUDA tensors, so here it adds with element-wise atomics
+    flash_triton._tma_usable = lambda policy, *tensors, backward=False: bool(
+        policy.tma_backward if backward else policy.tma)
     policy = flash.default_policy()
     for dtype in (torch.bfloat16, torch.float32):
         for causal in (True, False):
             for name, p in (("pair", policy), ("atomic", replace(policy, deterministic=False)),
-                            ("fused", replace(policy, fused_backward=True)),
-                ("head-by-head", replace(policy, heads_fast=False))):
+                            ("fused", flash._host_bound(replace(policy, fused_backward=True))),
+                            ("head-by-head", replace(policy, heads_fast=False)),
+                            ("pointers", replace(policy, tma_backward=False))):
                 what = f"{str(dtype)[6:]}/causal={causal}/{name}"
                 q = torch.empty(2, 2, 384, 64, dtype=dtype)
                 o, lse, _ = flash_triton._tl_forward(q, q, q, causal, p)
